@@ -1,0 +1,1 @@
+"""rlkube's Kubernetes operator: reconciles RLJob custom resources into KubeRay RayJobs."""

@@ -1,0 +1,74 @@
+"""The `rlkube` command: one entry point, each subcommand a thin call into the module that owns it.
+
+Imports happen inside each subcommand so `rlkube validate` never pays for torch or ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from rlkube_runtime.spec.validate import validate_files
+
+    return validate_files(args.files)
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from rlkube_runtime.spec.crd import render_crd_yaml
+
+    text = render_crd_yaml()
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rlkube_runtime.driver import run_from_file
+
+    return run_from_file(args.file, output_dir=args.output_dir, resume=not args.no_resume)
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from rlkube_operator.main import run_operator
+
+    return run_operator(namespace=args.namespace, standalone=args.standalone, metrics_port=args.metrics_port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlkube", description="RL post-training as Kubernetes custom resources.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="validate RLJob YAML files (one or many documents each)")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=_validate)
+
+    p = sub.add_parser("crd", help="print the RLJob CustomResourceDefinition generated from the typed spec")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=_crd)
+
+    p = sub.add_parser("run", help="run an RLJob locally (Ray local mode, built-in engine)")
+    p.add_argument("file")
+    p.add_argument("--output-dir", default=None, help="where checkpoints and logs go (default: spec.model.save or ./runs/<name>)")
+    p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints and start fresh")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("operator", help="run the RLJob operator (kopf)")
+    p.add_argument("--namespace", default=None, help="watch one namespace (default: all)")
+    p.add_argument("--standalone", action="store_true", help="no peering with other operator instances")
+    p.add_argument("--metrics-port", type=int, default=8080)
+    p.set_defaults(func=_operator)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
