@@ -1,0 +1,169 @@
+"""Where each rollout's numbers go: a JSONL log, TensorBoard when installed, Prometheus, and a progress line.
+
+The loop produces one flat dict per rollout with slime's metric names (`rollout/raw_reward`,
+`train/pg_clipfrac`, `perf/step_time`, ...) so slime users find familiar keys in the JSONL log
+and TensorBoard. Prometheus gets a fixed, documented catalogue of `rlkube_` series instead of
+one series per key, so dashboards and alerts can rely on the names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PromSeries:
+    name: str
+    help: str
+
+
+# slime key -> Prometheus gauge. Every gauge carries the label `rljob` (the RLJob's name).
+PROMETHEUS_GAUGES: dict[str, PromSeries] = {
+    "rollout/raw_reward": PromSeries("rlkube_reward_mean", "Mean raw reward of the last rollout's samples."),
+    "rollout/raw_reward_std": PromSeries("rlkube_reward_std", "Standard deviation of the last rollout's raw rewards."),
+    "rollout/response_len/mean": PromSeries("rlkube_response_length_mean", "Mean response length in tokens."),
+    "rollout/response_len/max": PromSeries("rlkube_response_length_max", "Longest response in tokens."),
+    "rollout/truncated_ratio": PromSeries("rlkube_truncated_ratio", "Fraction of responses cut at maxResponseLen."),
+    "train/loss": PromSeries("rlkube_train_loss", "Total training loss of the last rollout (mean over steps)."),
+    "train/pg_loss": PromSeries("rlkube_pg_loss", "Policy-gradient loss."),
+    "train/pg_clipfrac": PromSeries("rlkube_pg_clipfrac", "Fraction of tokens whose ratio was clipped."),
+    "train/ppo_kl": PromSeries("rlkube_ppo_kl", "Mean (old - new) log-prob: drift within a rollout."),
+    "train/kl_loss": PromSeries("rlkube_kl", "KL to the reference model (the configured estimator)."),
+    "train/entropy_loss": PromSeries("rlkube_entropy", "Mean per-token entropy of the policy."),
+    "train/grad_norm": PromSeries("rlkube_grad_norm", "Gradient norm before clipping."),
+    "train/train_rollout_logprob_abs_diff": PromSeries(
+        "rlkube_train_rollout_logprob_abs_diff",
+        "Mean |engine logprob - trainer logprob| on the same tokens: how far rollout and training disagree.",
+    ),
+    "perf/rollout_time": PromSeries("rlkube_rollout_seconds", "Seconds spent generating the last rollout."),
+    "perf/actor_train_time": PromSeries("rlkube_train_seconds", "Seconds spent training on the last rollout."),
+    "perf/update_weights_time": PromSeries("rlkube_weight_sync_seconds", "Seconds of the last weight sync."),
+    "perf/step_time": PromSeries("rlkube_step_seconds", "Seconds of the last whole rollout step."),
+    "perf/tokens_per_sec": PromSeries("rlkube_rollout_tokens_per_second", "Generated tokens per second."),
+    "progress/rollout": PromSeries("rlkube_rollout_id", "Id of the last finished rollout."),
+    "progress/num_rollout": PromSeries("rlkube_num_rollout", "Rollouts the job will run in all."),
+    "checkpoint/last_time": PromSeries(
+        "rlkube_last_checkpoint_timestamp_seconds", "Unix time of the last complete checkpoint (age = now - this)."
+    ),
+}
+
+ENGINE_RESTARTS = PromSeries("rlkube_engine_restarts_total", "Rollout engines restarted after a failure.")
+
+
+class PrometheusExporter:
+    """Serves the catalogue above on its own registry (several runs in one process stay apart)."""
+
+    def __init__(self, job_name: str, port: int | None):
+        self.registry = CollectorRegistry()
+        self.job_name = job_name
+        self._gauges = {
+            key: Gauge(series.name, series.help, ["rljob"], registry=self.registry)
+            for key, series in PROMETHEUS_GAUGES.items()
+        }
+        self._engine_restarts = Counter(
+            ENGINE_RESTARTS.name.removesuffix("_total"), ENGINE_RESTARTS.help, ["rljob"], registry=self.registry
+        )
+        self._engine_restarts.labels(job_name)  # the series exists (at 0) before the first restart
+        self.port = None
+        if port is not None:
+            server, _thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
+            self.port = server.server_port
+
+    def record(self, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            gauge = self._gauges.get(key)
+            if gauge is not None and _is_number(value):
+                gauge.labels(self.job_name).set(float(value))
+
+    def count_engine_restarts(self, n: int = 1) -> None:
+        self._engine_restarts.labels(self.job_name).inc(n)
+
+
+class MetricsLogger:
+    """One call per rollout fans the dict out to every sink; a broken sink never stops training."""
+
+    def __init__(
+        self,
+        job_name: str,
+        log_dir: str | os.PathLike,
+        *,
+        prometheus_port: int | None = None,
+        tensorboard: bool = True,
+        stream=sys.stdout,
+    ):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.log_dir / "metrics.jsonl"
+        self.prometheus = PrometheusExporter(job_name, prometheus_port)
+        self._stream = stream
+        self._tb = _open_tensorboard(self.log_dir / "tensorboard") if tensorboard else None
+        self._started = time.monotonic()
+
+    def log(self, rollout_id: int, metrics: Mapping[str, Any]) -> None:
+        record = {"rollout": rollout_id, "time": time.time(), **{k: _jsonable(v) for k, v in metrics.items()}}
+        with open(self.jsonl_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        self.prometheus.record(metrics)
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if _is_number(value):
+                    self._tb.add_scalar(key, float(value), rollout_id)
+            self._tb.flush()
+        self._stream.write(format_progress_line(rollout_id, metrics, time.monotonic() - self._started) + "\n")
+        self._stream.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def format_progress_line(rollout_id: int, metrics: Mapping[str, Any], elapsed: float) -> str:
+    """`rollout 12/60 | reward 0.625 | kl 0.0012 | len 1.0 | step 1.84s | 00:23` — one line a rollout."""
+    total = metrics.get("progress/num_rollout")
+    head = f"rollout {rollout_id + 1}/{int(total)}" if _is_number(total) else f"rollout {rollout_id + 1}"
+    parts = [head]
+    for label, key, fmt in (
+        ("reward", "rollout/raw_reward", "{:.3f}"),
+        ("eval", "eval/reward", "{:.3f}"),
+        ("kl", "train/kl_loss", "{:.4f}"),
+        ("len", "rollout/response_len/mean", "{:.1f}"),
+        ("step", "perf/step_time", "{:.2f}s"),
+    ):
+        value = metrics.get(key)
+        if _is_number(value):
+            parts.append(f"{label} {fmt.format(float(value))}")
+    minutes, seconds = divmod(int(elapsed), 60)
+    parts.append(f"{minutes:02d}:{seconds:02d}")
+    return " | ".join(parts)
+
+
+def _open_tensorboard(path: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional
+        return None
+    return SummaryWriter(str(path))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,122 @@
+"""How many trainer ranks and rollout engines a job gets, and which Ray bundle each one lands in.
+
+Pure: the same spec and the same visible devices always give the same plan, so the operator's
+rendering (how many GPUs each pod asks for) and the runtime's placement agree by construction.
+
+- separate:  trainer ranks own `nodes x gpusPerNode` GPUs; engines own `rollout.gpus` others.
+- colocated: engines share the trainer's GPUs; the trainer and the engines release memory in turn.
+On a machine without GPUs (the embedded default) the job runs one trainer rank and one engine,
+each with a share of the CPUs, whatever the GPU counts in the spec say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topology:
+    device: str  # "cuda" or "cpu"
+    placement: str  # "separate" or "colocated"
+    trainer_world_size: int
+    num_engines: int
+    gpus_per_engine: int
+    # One Ray bundle per entry; trainer rank i sits in bundle trainer_bundles[i],
+    # engine j in engine_bundles[j] (the same bundles as the trainer when colocated).
+    bundles: tuple[dict[str, float], ...]
+    trainer_bundles: tuple[int, ...]
+    engine_bundles: tuple[int, ...]
+    # Resources each actor asks for inside its bundle.
+    trainer_actor_resources: dict[str, float]
+    engine_actor_resources: dict[str, float]
+
+
+def plan_topology(
+    *,
+    placement: str,
+    trainer_nodes: int,
+    trainer_gpus_per_node: int,
+    rollout_gpus: int,
+    gpus_per_engine: int,
+    visible_gpus: int,
+    cpus: int,
+) -> Topology:
+    if visible_gpus == 0:
+        return _cpu_plan(placement, cpus)
+    trainer_gpus = trainer_nodes * trainer_gpus_per_node
+    if trainer_gpus < 1:
+        raise ValueError(
+            "spec.resources.trainer: nodes x gpusPerNode must be at least 1 on a machine with GPUs, "
+            f"got {trainer_nodes} x {trainer_gpus_per_node}"
+        )
+    if placement == "colocated":
+        engine_gpus = trainer_gpus
+    else:
+        engine_gpus = rollout_gpus
+    if engine_gpus < gpus_per_engine or engine_gpus % gpus_per_engine:
+        raise ValueError(
+            f"spec.rollout.gpusPerEngine: {engine_gpus} rollout GPUs cannot be split into engines of "
+            f"{gpus_per_engine} GPUs each; make the GPU count a multiple of gpusPerEngine"
+        )
+    needed = trainer_gpus if placement == "colocated" else trainer_gpus + engine_gpus
+    if needed > visible_gpus:
+        raise ValueError(
+            f"spec.resources: the job needs {needed} GPUs ({placement} placement) but Ray sees {visible_gpus}"
+        )
+    num_engines = engine_gpus // gpus_per_engine
+    if placement == "colocated":
+        bundles = tuple({"GPU": 1.0, "CPU": 1.0} for _ in range(trainer_gpus))
+        trainer_bundles = tuple(range(trainer_gpus))
+        engine_bundles = tuple(j * gpus_per_engine for j in range(num_engines))
+        # Fractions so a trainer rank and an engine fit on the same GPU bundle.
+        trainer_res = {"GPU": 0.4, "CPU": 0.4}
+        engine_res = {"GPU": 0.2, "CPU": 0.2}
+    else:
+        bundles = tuple({"GPU": 1.0, "CPU": 1.0} for _ in range(trainer_gpus)) + tuple(
+            {"GPU": float(gpus_per_engine), "CPU": 1.0} for _ in range(num_engines)
+        )
+        trainer_bundles = tuple(range(trainer_gpus))
+        engine_bundles = tuple(trainer_gpus + j for j in range(num_engines))
+        trainer_res = {"GPU": 1.0, "CPU": 1.0}
+        # The engine actor only launches the SGLang server process; the server takes the GPUs
+        # of its bundle through CUDA_VISIBLE_DEVICES.
+        engine_res = {"GPU": float(gpus_per_engine), "CPU": 1.0}
+    return Topology(
+        device="cuda",
+        placement=placement,
+        trainer_world_size=trainer_gpus,
+        num_engines=num_engines,
+        gpus_per_engine=gpus_per_engine,
+        bundles=bundles,
+        trainer_bundles=trainer_bundles,
+        engine_bundles=engine_bundles,
+        trainer_actor_resources=trainer_res,
+        engine_actor_resources=engine_res,
+    )
+
+
+def _cpu_plan(placement: str, cpus: int) -> Topology:
+    if cpus < 1:
+        raise ValueError(f"need at least one CPU, Ray sees {cpus}")
+    if placement == "colocated":
+        bundles: tuple[dict[str, float], ...] = ({"CPU": 1.0},)
+        engine_bundles = (0,)
+        trainer_res = {"CPU": 0.5}
+        engine_res = {"CPU": 0.5}
+    else:
+        bundles = ({"CPU": 0.5}, {"CPU": 0.5})
+        engine_bundles = (1,)
+        trainer_res = {"CPU": 0.5}
+        engine_res = {"CPU": 0.5}
+    return Topology(
+        device="cpu",
+        placement=placement,
+        trainer_world_size=1,
+        num_engines=1,
+        gpus_per_engine=0,
+        bundles=bundles,
+        trainer_bundles=(0,),
+        engine_bundles=engine_bundles,
+        trainer_actor_resources=trainer_res,
+        engine_actor_resources=engine_res,
+    )
