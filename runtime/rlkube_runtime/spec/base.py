@@ -1,0 +1,124 @@
+"""The pieces every spec section shares: the model config, the reusable field types, and the one
+error shape that cross-field checks raise.
+
+Python attributes are snake_case; users (YAML, the CRD, `kubectl explain`) see camelCase. Unknown
+fields are errors because a typo such as `batchSz` must never be dropped silently.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Union
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+API_GROUP = "rlkube.io"
+API_VERSION_NAME = "v1alpha1"
+API_VERSION = f"{API_GROUP}/{API_VERSION_NAME}"
+KIND = "RLJob"
+PLURAL = "rljobs"
+SINGULAR = "rljob"
+SHORT_NAMES = ("rlj",)
+
+# The error type cross-field checks raise; `load.py` turns each violation into its own
+# (path, message) pair under the path of the model that raised it.
+CROSS_FIELD_ERROR = "rlkube_cross_field"
+
+
+class SpecModel(BaseModel):
+    """Base of every spec section: camelCase aliases, unknown fields rejected, strict types.
+
+    Strict types because the API server rejects `batchSize: "32"` (a string for an integer);
+    `rlkube validate` must not accept what `kubectl apply` would refuse.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        strict=True,
+    )
+
+
+def cross_field_error(violations: list[tuple[str, str]]) -> PydanticCustomError:
+    """One error carrying every violated cross-field rule of a model.
+
+    `violations` holds (field path relative to the model, message) pairs, e.g.
+    ("epsClipHigh", "epsClipHigh(0.1) must be >= epsClip(0.2)"); an empty field path means the
+    model itself (e.g. "set at least one of ...").
+    """
+    summary = "; ".join(f"{field}: {message}" if field else message for field, message in violations)
+    return PydanticCustomError(CROSS_FIELD_ERROR, "{summary}", {"summary": summary, "violations": violations})
+
+
+def section(model_cls: type[BaseModel], description: str) -> Any:
+    """A spec section that may be omitted: it defaults to the section's own defaults.
+
+    The CRD gets `default: {}` so the API server fills in the section's nested defaults too, and
+    a stored object shows every value the job actually runs with.
+    """
+    return Field(default_factory=model_cls, description=description, json_schema_extra={"default": {}})
+
+
+# --- reusable field types -------------------------------------------------------------------
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+CALLABLE_PATH_PATTERN = rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$"
+_CALLABLE_PATH_RE = re.compile(CALLABLE_PATH_PATTERN)
+
+
+def _check_callable_path(value: str) -> str:
+    if not _CALLABLE_PATH_RE.match(value):
+        raise PydanticCustomError(
+            "callable_path",
+            "must name a Python callable as 'package.module:function' (e.g. 'my_pkg.rewards:score'), "
+            "got {value!r}",
+            {"value": value},
+        )
+    return value
+
+
+CallablePath = Annotated[
+    str,
+    AfterValidator(_check_callable_path),
+    Field(json_schema_extra={"pattern": CALLABLE_PATH_PATTERN}),
+]
+"""`package.module:function`; loaded by `rlkube_runtime.plugins.load_callable` at run time."""
+
+
+def _require_scalar(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    raise PydanticCustomError(
+        "scalar_value",
+        "must be a string, number or boolean (it becomes one command-line flag), got {kind}",
+        {"kind": type(value).__name__},
+    )
+
+
+Scalar = Annotated[
+    Union[str, int, float, bool],
+    BeforeValidator(_require_scalar),
+    # A union of scalar types is not structural in a CRD; any value is accepted there and
+    # checked by `rlkube validate` and the runtime.
+    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True}),
+]
+"""One command-line flag value passed through to Megatron, SGLang or the router."""
+
+ScalarMap = dict[str, Scalar]
+
+KubeObject = dict[str, Any]
+"""A Kubernetes sub-object (ResourceRequirements, Toleration, Volume, EnvVar...), passed through
+unchanged to the pods; the API server validates it when the operator creates them."""
+
+
+def cel_rules(*rules: dict[str, str]) -> ConfigDict:
+    """Model config attaching CEL rules (`x-kubernetes-validations`) to the model's CRD node.
+
+    Each rule mirrors a Python check in the same model, so the API server and `rlkube validate`
+    refuse the same specs. Rules only read scalar fields of their own node and its children, which
+    keeps their estimated CEL cost constant.
+    """
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [dict(rule) for rule in rules]})

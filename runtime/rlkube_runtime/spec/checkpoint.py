@@ -1,0 +1,24 @@
+"""`spec.checkpoint`: how often the full training state is saved to model.save."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import Field
+
+from .base import SpecModel
+
+
+class CheckpointSpec(SpecModel):
+    """Checkpoint cadence and retention. A checkpoint holds model, optimizer, scheduler, RNG, data
+    position and the partial-rollout buffer, written atomically; a restarted job resumes from the
+    latest complete one."""
+
+    interval: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Rollouts between checkpoints written to model.save. Default: unset (no periodic checkpoints); >= 1.",
+    )
+    keep: Optional[int] = Field(
+        default=None, ge=1, description="Most recent checkpoints kept; older ones are deleted. Default: unset (keep all); >= 1."
+    )

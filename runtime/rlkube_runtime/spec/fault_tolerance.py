@@ -1,0 +1,42 @@
+"""`spec.faultTolerance`: engine health checks and restart budgets."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import SpecModel, section
+
+
+class HealthCheckSpec(SpecModel):
+    """Rollout-engine health check: a 1-token generation (/health_generate) per engine."""
+
+    interval_seconds: float = Field(default=30, gt=0, description="Seconds between health checks. Default 30, > 0.")
+    timeout_seconds: float = Field(
+        default=30, gt=0, description="Seconds an engine has to answer before it counts as dead. Default 30, > 0."
+    )
+    first_wait_seconds: float = Field(
+        default=300, ge=0, description="Grace period after an engine starts (model loading) before checks begin. Default 300, >= 0."
+    )
+
+
+class FaultToleranceSpec(SpecModel):
+    """What is restarted when something dies, and how many times."""
+
+    enabled: bool = Field(
+        default=True, description="Restart dead rollout engines and failed training attempts. Default true."
+    )
+    health_check: HealthCheckSpec = section(HealthCheckSpec, "Rollout-engine health check.")
+    max_engine_restarts: int = Field(
+        default=3, ge=0, description="Engine restarts allowed per job before it fails. Default 3, >= 0."
+    )
+    backoff_limit: int = Field(
+        default=3,
+        ge=0,
+        description="Failed training attempts (trainer crash, lost node) retried from the last checkpoint before the "
+        "job is Failed. Default 3, >= 0.",
+    )
+    backoff_seconds: float = Field(
+        default=10,
+        ge=0,
+        description="Delay before the first retry of a failed attempt; doubles with each further retry. Default 10, >= 0.",
+    )

@@ -1,0 +1,69 @@
+"""`spec.model`: which weights the policy starts from, where checkpoints go, and precision."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
+
+from .base import ScalarMap, SpecModel, cel_rules, cross_field_error
+
+_NO_WEIGHTS = "set at least one of hfCheckpoint, preset or load: the job needs starting weights"
+
+
+class ModelSpec(SpecModel):
+    """The policy model: its starting weights, reference model, checkpoint directories and precision.
+
+    At least one of hfCheckpoint, preset or load must be set.
+    """
+
+    model_config = cel_rules(
+        {"rule": "has(self.hfCheckpoint) || has(self.preset) || has(self.load)", "message": _NO_WEIGHTS}
+    )
+
+    hf_checkpoint: Optional[str] = Field(
+        default=None,
+        description="Hugging Face checkpoint directory (config, tokenizer, safetensors), e.g. a path on a "
+        "PVC. Gives the architecture and tokenizer, and the initial weights when load has no checkpoint yet.",
+    )
+    ref_load: Optional[str] = Field(
+        default=None,
+        description="Checkpoint of the frozen reference model used for KL terms. Optional; when omitted the "
+        "initial weights (hfCheckpoint or preset) serve as the reference.",
+    )
+    load: Optional[str] = Field(
+        default=None,
+        description="Directory to resume from: the latest complete checkpoint in it is loaded (model, "
+        "optimizer, data position). Usually the same directory as save.",
+    )
+    save: Optional[str] = Field(
+        default=None,
+        description="Directory checkpoints are written to (every checkpoint.interval rollouts). Optional; "
+        "without it no checkpoints are written on a cluster and local runs use ./runs/<name>.",
+    )
+    preset: Optional[str] = Field(
+        default=None,
+        min_length=1,
+        description="Built-in architecture: 'tiny' is the project's tiny model (CPU-friendly, randomly "
+        "initialised), or a named architecture (e.g. 'qwen3-4b') whose Megatron arguments are filled in.",
+    )
+    megatron_args: ScalarMap = Field(
+        default_factory=dict,
+        description="Extra Megatron-core arguments, passed as --<key> <value> (true -> a bare flag, false -> "
+        "omitted). Keys without the leading dashes, e.g. {num-layers: 36}. Default: none.",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16",
+        description="Training precision of the trainer. One of bfloat16, float16, float32. Default bfloat16.",
+    )
+    rollout_dtype: Literal["bf16", "fp8"] = Field(
+        default="bf16",
+        description="Precision of the weights the rollout engines serve: bf16, or fp8 (weights are "
+        "quantized at every weight sync). Default bf16.",
+    )
+
+    @model_validator(mode="after")
+    def _needs_starting_weights(self) -> "ModelSpec":
+        if self.hf_checkpoint is None and self.preset is None and self.load is None:
+            raise cross_field_error([("", _NO_WEIGHTS)])
+        return self

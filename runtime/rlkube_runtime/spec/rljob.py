@@ -1,0 +1,183 @@
+"""The RLJob resource: the spec sections put together, the rules that span sections, and the
+Kubernetes envelope (apiVersion, kind, metadata, status)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from .algorithm import AlgorithmSpec
+from .base import API_VERSION, KIND, SpecModel, cel_rules, cross_field_error, section
+from .checkpoint import CheckpointSpec
+from .data import DataSpec
+from .eval import EvalSpec
+from .fault_tolerance import FaultToleranceSpec
+from .model import ModelSpec
+from .parallelism import ParallelismSpec
+from .resources import ResourcesSpec
+from .reward import RewardSpec
+from .rollout import RolloutSpec
+from .status import RLJobStatus
+from .training import TrainingSpec
+
+_ASYNC_COLOCATED = (
+    "training.mode async generates the next rollout while training and cannot share GPUs with the trainer; "
+    "set resources.placement: separate, or training.mode: sync"
+)
+
+# The batch equation, CEL side. `nSamplesPerPrompt` and `numStepsPerRollout` always have a value
+# there (the CRD defaults them before validation); `globalBatchSize` may be absent and is then derived.
+_SAMPLES = "self.rollout.batchSize * self.rollout.nSamplesPerPrompt"
+_SAMPLES_TEXT = (
+    "'rollout.batchSize(' + string(self.rollout.batchSize) + ') x nSamplesPerPrompt(' + "
+    f"string(self.rollout.nSamplesPerPrompt) + ') = ' + string({_SAMPLES})"
+)
+BATCH_EQUATION_RULE = {
+    "rule": f"!has(self.training.globalBatchSize) || {_SAMPLES} == "
+    "self.training.globalBatchSize * self.training.numStepsPerRollout",
+    "messageExpression": f"{_SAMPLES_TEXT} + ' but globalBatchSize(' + string(self.training.globalBatchSize) + "
+    "') x numStepsPerRollout(' + string(self.training.numStepsPerRollout) + ') = ' + "
+    "string(self.training.globalBatchSize * self.training.numStepsPerRollout)",
+    "fieldPath": ".training.globalBatchSize",
+}
+BATCH_DIVISIBLE_RULE = {
+    "rule": f"has(self.training.globalBatchSize) || ({_SAMPLES}) % self.training.numStepsPerRollout == 0",
+    "messageExpression": f"{_SAMPLES_TEXT} + ' samples cannot be split into numStepsPerRollout(' + "
+    "string(self.training.numStepsPerRollout) + ') equal optimizer steps; set globalBatchSize or a "
+    "numStepsPerRollout that divides it'",
+    "fieldPath": ".training.numStepsPerRollout",
+}
+ASYNC_PLACEMENT_RULE = {
+    "rule": "self.training.mode != 'async' || !has(self.resources) || self.resources.placement != 'colocated'",
+    "message": _ASYNC_COLOCATED,
+    "fieldPath": ".training.mode",
+}
+
+
+class RLJobSpec(SpecModel):
+    """Desired state of an RLJob: one slime-style RL post-training run.
+
+    Each rollout generates rollout.batchSize x rollout.nSamplesPerPrompt samples, which are trained
+    on in training.numStepsPerRollout optimizer steps of training.globalBatchSize samples each.
+    """
+
+    model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE)
+
+    model: ModelSpec = Field(description="Policy model: starting weights, checkpoint directories, precision. Required.")
+    data: DataSpec = Field(description="Prompt dataset and record keys. Required.")
+    rollout: RolloutSpec = Field(description="Generation: batch, sampling parameters, engines, plugins. Required.")
+    reward: RewardSpec = Field(description="Reward function. Required.")
+    algorithm: AlgorithmSpec = section(AlgorithmSpec, "Advantage estimator and policy-loss terms. Default: GRPO.")
+    training: TrainingSpec = Field(description="Rollout count, optimizer steps per rollout, sync/async, optimizer. Required.")
+    parallelism: ParallelismSpec = section(ParallelismSpec, "Trainer parallelism and micro-batching. Default: none.")
+    eval: EvalSpec = section(EvalSpec, "Periodic evaluation. Default: none.")
+    checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint cadence and retention.")
+    resources: ResourcesSpec = section(ResourcesSpec, "Placement, pods, volumes and environment.")
+    fault_tolerance: FaultToleranceSpec = section(FaultToleranceSpec, "Engine health checks and restart budgets.")
+    suspend: bool = Field(
+        default=False, description="Stop the job's pods and keep its state; setting it back to false resumes from the last checkpoint. Default false."
+    )
+    ttl_seconds_after_finished: Optional[int] = Field(
+        default=None, ge=0, description="Seconds after Succeeded or Failed before the RLJob is deleted. Default: unset (kept); >= 0."
+    )
+    active_deadline_seconds: Optional[int] = Field(
+        default=None, ge=1, description="Seconds the job may run in total (restarts included) before it is Failed. Default: unset; >= 1."
+    )
+    queue_name: Optional[str] = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="Kueue LocalQueue to admit the job through (set as the kueue.x-k8s.io/queue-name label). Default: unset.",
+    )
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step: training.globalBatchSize, or derived from the rollout size."""
+        if self.training.global_batch_size is not None:
+            return self.training.global_batch_size
+        return self.samples_per_rollout // self.training.num_steps_per_rollout
+
+    @property
+    def samples_per_rollout(self) -> int:
+        """rollout.batchSize x rollout.nSamplesPerPrompt: the samples each rollout trains on."""
+        return self.rollout.batch_size * self.rollout.n_samples_per_prompt
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "RLJobSpec":
+        violations = batch_violations(self.rollout, self.training)
+        if self.training.mode == "async" and self.resources.placement == "colocated":
+            violations.append(("training.mode", _ASYNC_COLOCATED))
+        if violations:
+            raise cross_field_error(violations)
+        return self
+
+
+def batch_violations(rollout: RolloutSpec, training: TrainingSpec) -> list[tuple[str, str]]:
+    """The batch equation: batchSize x nSamplesPerPrompt = globalBatchSize x numStepsPerRollout.
+
+    Returns (field path relative to spec, message) pairs; empty when the sizes agree.
+    """
+    samples = rollout.batch_size * rollout.n_samples_per_prompt
+    samples_text = (
+        f"rollout.batchSize({rollout.batch_size}) x nSamplesPerPrompt({rollout.n_samples_per_prompt}) = {samples}"
+    )
+    steps = training.num_steps_per_rollout
+    if training.global_batch_size is None:
+        if samples % steps:
+            return [(
+                "training.numStepsPerRollout",
+                f"{samples_text} samples cannot be split into numStepsPerRollout({steps}) equal optimizer steps; "
+                "set globalBatchSize or a numStepsPerRollout that divides it",
+            )]
+        return []
+    trained = training.global_batch_size * steps
+    if samples != trained:
+        return [(
+            "training.globalBatchSize",
+            f"{samples_text} but globalBatchSize({training.global_batch_size}) x numStepsPerRollout({steps}) = {trained}",
+        )]
+    return []
+
+
+# DNS-1123 subdomain, as the API server requires of object names.
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class ObjectMeta(BaseModel):
+    """The metadata fields rlkube reads; everything else the API server sets is kept as-is."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+    name: str = Field(description="Object name (DNS-1123 subdomain).")
+    namespace: Optional[str] = Field(default=None, description="Namespace; the current one when unset.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if len(name) > 253 or not _NAME_RE.match(name):
+            raise ValueError(
+                f"{name!r} is not a valid object name: use lowercase letters, digits, '-' and '.', "
+                "starting and ending with a letter or digit, at most 253 characters"
+            )
+        return name
+
+
+class RLJob(SpecModel):
+    """An RLJob custom resource as `kubectl apply` sends it or the API server returns it."""
+
+    api_version: Literal["rlkube.io/v1alpha1"] = Field(
+        default=API_VERSION, description=f"Must be {API_VERSION}."
+    )
+    kind: Literal["RLJob"] = Field(default=KIND, description=f"Must be {KIND}.")
+    metadata: ObjectMeta = Field(description="Standard object metadata; name is required.")
+    spec: RLJobSpec = Field(description="Desired state.")
+    status: Optional[RLJobStatus] = Field(default=None, description="Observed state, written by the operator.")
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The object as YAML/JSON would carry it: camelCase keys, unset optional fields left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

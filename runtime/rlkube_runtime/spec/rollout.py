@@ -1,0 +1,111 @@
+"""`spec.rollout`: how samples are generated each rollout (batch, sampling, engines, plugins)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
+
+from .base import CallablePath, ScalarMap, SpecModel, cel_rules, cross_field_error
+
+
+class RolloutSpec(SpecModel):
+    """Generation: prompts per rollout, samples per prompt, sampling parameters and the engines.
+
+    Every rollout produces batchSize x nSamplesPerPrompt samples, which must equal
+    training.globalBatchSize x training.numStepsPerRollout.
+    """
+
+    model_config = cel_rules(
+        {
+            "rule": "!has(self.overSamplingBatchSize) || self.overSamplingBatchSize > self.batchSize",
+            "messageExpression": "'overSamplingBatchSize(' + string(self.overSamplingBatchSize) + "
+            "') must be greater than batchSize(' + string(self.batchSize) + "
+            "'): over-sampling asks for more prompts than it keeps'",
+            "fieldPath": ".overSamplingBatchSize",
+        },
+        {
+            "rule": "!has(self.topK) || self.topK != 0",
+            "message": "topK must be -1 (disabled) or at least 1, got 0",
+            "fieldPath": ".topK",
+        },
+    )
+
+    batch_size: int = Field(
+        ge=1,
+        description="Prompts per rollout (groups kept after dynamic sampling). Required, >= 1. "
+        "batchSize x nSamplesPerPrompt = training.globalBatchSize x training.numStepsPerRollout.",
+    )
+    n_samples_per_prompt: int = Field(
+        default=8, ge=1, description="Responses sampled per prompt (the group size for GRPO). Default 8, >= 1."
+    )
+    max_response_len: int = Field(
+        default=1024, ge=1, description="Maximum generated tokens per response (all turns together for multi-turn). Default 1024, >= 1."
+    )
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature. Default 1.0, >= 0 (0 = greedy).")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass. Default 1.0, in (0, 1].")
+    top_k: int = Field(default=-1, ge=-1, description="Top-k sampling; -1 disables it. Default -1; otherwise >= 1.")
+    stop: list[str] = Field(
+        default_factory=list, description="Stop strings: generation of a response ends at the first one. Default none."
+    )
+    over_sampling_batch_size: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Prompts requested per generation round when dynamic sampling filters groups out; must be "
+        "greater than batchSize. Rounds repeat until batchSize groups pass. Default: unset (= batchSize, no over-sampling).",
+    )
+    dynamic_sampling_filter: Optional[CallablePath] = Field(
+        default=None,
+        description="Group filter 'package.module:function' called with each finished group; groups it "
+        "rejects are dropped (e.g. all rewards equal). Default: unset (keep every group).",
+    )
+    partial_rollout: bool = Field(
+        default=False,
+        description="Keep the partial responses of groups aborted when a rollout has enough samples, and "
+        "continue them in the next rollout. Default false.",
+    )
+    custom_generate_function: Optional[CallablePath] = Field(
+        default=None,
+        description="Custom generation 'package.module:function' (async) replacing the single-turn default, "
+        "e.g. a multi-turn tool loop that sets per-token loss masks. Default: unset.",
+    )
+    max_turns: int = Field(
+        default=1, ge=1, description="Maximum turns a custom generate function may take per sample. Default 1, >= 1."
+    )
+    engine: Literal["sglang", "builtin"] = Field(
+        default="sglang",
+        description="Rollout engine: sglang (SGLang servers behind sglang-router), or builtin (the project's "
+        "engine speaking SGLang's HTTP protocol, for tiny/CPU runs). Default sglang.",
+    )
+    gpus_per_engine: int = Field(
+        default=1, ge=1, description="GPUs per rollout engine (its tensor-parallel size). Default 1, >= 1."
+    )
+    sglang_args: ScalarMap = Field(
+        default_factory=dict,
+        description="Extra SGLang server arguments, passed as --<key> <value> (true -> a bare flag), e.g. "
+        "{mem-fraction-static: 0.7}. Default: none.",
+    )
+    router_args: ScalarMap = Field(
+        default_factory=dict,
+        description="Extra sglang-router arguments, passed as --<key> <value>. Default: none.",
+    )
+
+    @property
+    def effective_over_sampling_batch_size(self) -> int:
+        """Prompts requested per generation round: overSamplingBatchSize, or batchSize when unset."""
+        return self.over_sampling_batch_size if self.over_sampling_batch_size is not None else self.batch_size
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "RolloutSpec":
+        violations = []
+        if self.over_sampling_batch_size is not None and self.over_sampling_batch_size <= self.batch_size:
+            violations.append((
+                "overSamplingBatchSize",
+                f"overSamplingBatchSize({self.over_sampling_batch_size}) must be greater than "
+                f"batchSize({self.batch_size}): over-sampling asks for more prompts than it keeps",
+            ))
+        if self.top_k == 0:
+            violations.append(("topK", "topK must be -1 (disabled) or at least 1, got 0"))
+        if violations:
+            raise cross_field_error(violations)
+        return self

@@ -1,0 +1,58 @@
+"""`spec.training`: how many rollouts, how each becomes optimizer steps, and the optimizer."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from .base import SpecModel, section
+
+
+class OptimizerSpec(SpecModel):
+    """The trainer's optimizer and learning-rate schedule."""
+
+    type: Literal["adam"] = Field(default="adam", description="Optimizer: adam (AdamW with decoupled weight decay). Default adam.")
+    lr: float = Field(default=1e-6, gt=0, description="Peak learning rate. Default 1e-6, > 0.")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = Field(
+        default="constant",
+        description="Learning-rate schedule after warmup, decaying to minLr over the run: constant, linear, cosine. "
+        "Default constant.",
+    )
+    min_lr: float = Field(default=0.0, ge=0, description="Learning rate at the end of a linear or cosine decay. Default 0, >= 0.")
+    warmup_steps: int = Field(default=0, ge=0, description="Optimizer steps of linear warmup from 0 to lr. Default 0, >= 0.")
+    weight_decay: float = Field(default=0.1, ge=0, description="Decoupled weight decay. Default 0.1, >= 0.")
+    beta1: float = Field(default=0.9, ge=0, lt=1, description="Adam beta1. Default 0.9, in [0, 1).")
+    beta2: float = Field(default=0.98, ge=0, lt=1, description="Adam beta2. Default 0.98, in [0, 1).")
+    clip_grad: float = Field(
+        default=1.0, ge=0, description="Gradient-norm clipping threshold; 0 disables clipping. Default 1.0, >= 0."
+    )
+
+
+class TrainingSpec(SpecModel):
+    """The outer loop: rollouts, optimizer steps per rollout, sync or async, and the optimizer."""
+
+    num_rollout: int = Field(ge=1, description="Rollouts to run (generate -> train -> sync weights). Required, >= 1.")
+    global_batch_size: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Samples per optimizer step. Default: derived as rollout.batchSize x rollout.nSamplesPerPrompt / "
+        "numStepsPerRollout (which must divide evenly). When set, rollout.batchSize x rollout.nSamplesPerPrompt "
+        "must equal globalBatchSize x numStepsPerRollout.",
+    )
+    num_steps_per_rollout: int = Field(
+        default=1, ge=1, description="Optimizer steps taken on each rollout's samples. Default 1, >= 1."
+    )
+    mode: Literal["sync", "async"] = Field(
+        default="sync",
+        description="sync: generate then train, in turn. async: generate rollout k+1 while training on rollout k "
+        "(needs separate placement). Default sync.",
+    )
+    async_buffer_size: int = Field(
+        default=1, ge=1, description="Rollouts async mode may generate ahead of training. Default 1, >= 1."
+    )
+    update_weights_interval: int = Field(
+        default=1, ge=1, description="Rollouts between weight syncs to the engines. Default 1, >= 1."
+    )
+    optimizer: OptimizerSpec = section(OptimizerSpec, "Optimizer and learning-rate schedule. Default: Adam, lr 1e-6, constant.")
+    seed: int = Field(default=1234, description="Seed of model initialisation, dropout and sampling on the trainer. Default 1234.")
