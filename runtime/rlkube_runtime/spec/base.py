@@ -74,7 +74,7 @@ def _check_callable_path(value: str) -> str:
         raise PydanticCustomError(
             "callable_path",
             "must name a Python callable as 'package.module:function' (e.g. 'my_pkg.rewards:score'), "
-            "got {value!r}",
+            "got '{value}'",
             {"value": value},
         )
     return value

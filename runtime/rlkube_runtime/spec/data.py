@@ -20,7 +20,7 @@ def _check_data_path(value: str) -> str:
         raise PydanticCustomError(
             "data_path",
             "must be a .jsonl or .parquet file path, or 'builtin:<task>' for a built-in synthetic task "
-            "(e.g. 'builtin:digit-successor'), got {value!r}",
+            "(e.g. 'builtin:digit-successor'), got '{value}'",
             {"value": value},
         )
     return value

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from .base import SpecModel
+from .base import SpecModel, cross_field_error
 from .data import DataPath
 
 
@@ -21,9 +21,11 @@ class EvalDatasetSpec(SpecModel):
     )
     path: DataPath = Field(description="A .jsonl or .parquet file, or 'builtin:<task>'. Required.")
     n_samples: int = Field(default=1, ge=1, description="Responses sampled per prompt. Default 1, >= 1.")
-    max_response_len: Optional[int] = Field(default=None, ge=1, description="Default: rollout.maxResponseLen; >= 1.")
-    temperature: Optional[float] = Field(default=None, ge=0, description="Default: rollout.temperature; >= 0.")
-    top_p: Optional[float] = Field(default=None, gt=0, le=1, description="Default: rollout.topP; in (0, 1].")
+    max_response_len: Optional[int] = Field(
+        default=None, ge=1, description="Maximum generated tokens per response. Default: rollout.maxResponseLen; >= 1."
+    )
+    temperature: Optional[float] = Field(default=None, ge=0, description="Sampling temperature. Default: rollout.temperature; >= 0.")
+    top_p: Optional[float] = Field(default=None, gt=0, le=1, description="Nucleus sampling mass. Default: rollout.topP; in (0, 1].")
     input_key: Optional[str] = Field(default=None, min_length=1, description="Prompt key. Default: data.inputKey.")
     label_key: Optional[str] = Field(default=None, min_length=1, description="Label key. Default: data.labelKey.")
 
@@ -37,5 +39,18 @@ class EvalSpec(SpecModel):
         description="Rollouts between evaluations (also run before the first rollout). Default: unset (no evaluation).",
     )
     datasets: list[EvalDatasetSpec] = Field(
-        default_factory=list, max_length=64, description="Evaluation datasets. Default: none."
+        default_factory=list,
+        max_length=64,
+        description="Evaluation datasets, names unique. Default: none.",
+        # A map keyed by name: the API server rejects two datasets with one name, as below.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+
+    @model_validator(mode="after")
+    def _check_unique_names(self) -> "EvalSpec":
+        seen: set[str] = set()
+        for i, dataset in enumerate(self.datasets):
+            if dataset.name in seen:
+                raise cross_field_error([(f"datasets[{i}].name", f"duplicate dataset name {dataset.name!r}; names must be unique")])
+            seen.add(dataset.name)
+        return self

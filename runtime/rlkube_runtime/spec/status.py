@@ -86,7 +86,11 @@ class RLJobStatus(StatusModel):
         default=None,
         description="Pending, Starting, Running, Restarting, Suspended, Succeeded or Failed.",
     )
-    conditions: list[Condition] = Field(default_factory=list, description="Observed conditions, one per type.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Observed conditions, one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     observed_generation: Optional[int] = Field(
         default=None, description="metadata.generation this status reflects."
     )

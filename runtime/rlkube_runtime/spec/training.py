@@ -24,6 +24,7 @@ class OptimizerSpec(SpecModel):
     weight_decay: float = Field(default=0.1, ge=0, description="Decoupled weight decay. Default 0.1, >= 0.")
     beta1: float = Field(default=0.9, ge=0, lt=1, description="Adam beta1. Default 0.9, in [0, 1).")
     beta2: float = Field(default=0.98, ge=0, lt=1, description="Adam beta2. Default 0.98, in [0, 1).")
+    eps: float = Field(default=1e-8, gt=0, description="Adam epsilon (added to the denominator). Default 1e-8, > 0.")
     clip_grad: float = Field(
         default=1.0, ge=0, description="Gradient-norm clipping threshold; 0 disables clipping. Default 1.0, >= 0."
     )

@@ -1,0 +1,44 @@
+"""`rlkube validate FILE...`: check RLJob YAML files without a cluster.
+
+Prints one line per document, `FILE: doc N (name): ok`, or one line per error,
+`FILE: doc N (name): spec.rollout.batchSz: unknown field (did you mean 'batchSize'?)`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable, TextIO
+
+from .load import SpecError, document_name, load_documents, parse_rljob
+
+
+def validate_files(paths: Iterable[str], out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Validate every document of every file; 0 when all are valid RLJobs, 1 otherwise."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    failed = False
+    for path in paths:
+        try:
+            docs = load_documents(path)
+        except SpecError as exc:
+            _print_errors(err, path, exc)
+            failed = True
+            continue
+        if not docs:
+            print(f"{path}: no YAML documents", file=err)
+            failed = True
+        for index, doc in docs:
+            label = f"{path}: doc {index} ({document_name(doc) or 'unnamed'})"
+            try:
+                parse_rljob(doc)
+            except SpecError as exc:
+                _print_errors(err, label, exc)
+                failed = True
+            else:
+                print(f"{label}: ok", file=out)
+    return 1 if failed else 0
+
+
+def _print_errors(stream: TextIO, label: str, exc: SpecError) -> None:
+    for field, message in exc.errors:
+        print(f"{label}: {field}: {message}" if field else f"{label}: {message}", file=stream)
