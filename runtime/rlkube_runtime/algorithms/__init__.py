@@ -6,19 +6,49 @@ listing the known ones. Semantics follow slime (`slime/utils/ppo_utils.py`,
 `slime/backends/megatron_utils/loss.py`); each module says where it matches and where it differs.
 """
 
+from .advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    compute_advantages,
+    discounted_cumsum,
+    gae,
+    group_normalize,
+)
 from .entropy import entropy_from_logits, log_probs_from_logits
 from .kl import KL_ESTIMATORS, compute_approx_kl
+from .reduction import (
+    global_counts,
+    loss_token_weights,
+    masked_mean,
+    masked_whiten,
+    reduce_loss,
+    reduce_per_sample,
+    reduce_per_token,
+)
 from .segments import pack, pad, segment_ids_from_lengths, segment_sum, unpack, unpad
 from .tis import TisWeights, tis_weights
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "KL_ESTIMATORS",
+    "AdvantageEstimator",
     "TisWeights",
+    "compute_advantages",
     "compute_approx_kl",
+    "discounted_cumsum",
     "entropy_from_logits",
+    "gae",
+    "global_counts",
+    "group_normalize",
     "log_probs_from_logits",
+    "loss_token_weights",
+    "masked_mean",
+    "masked_whiten",
     "pack",
     "pad",
+    "reduce_loss",
+    "reduce_per_sample",
+    "reduce_per_token",
     "segment_ids_from_lengths",
     "segment_sum",
     "tis_weights",
