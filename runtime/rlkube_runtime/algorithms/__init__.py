@@ -16,6 +16,14 @@ from .advantages import (
 )
 from .entropy import entropy_from_logits, log_probs_from_logits
 from .kl import KL_ESTIMATORS, compute_approx_kl
+from .loss import policy_objective, value_objective
+from .policy_loss import (
+    PPO_KL_FUNCTIONS,
+    clipped_policy_loss,
+    clipped_value_loss,
+    sequence_ppo_kl,
+    token_ppo_kl,
+)
 from .reduction import (
     global_counts,
     loss_token_weights,
@@ -31,8 +39,11 @@ from .tis import TisWeights, tis_weights
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "KL_ESTIMATORS",
+    "PPO_KL_FUNCTIONS",
     "AdvantageEstimator",
     "TisWeights",
+    "clipped_policy_loss",
+    "clipped_value_loss",
     "compute_advantages",
     "compute_approx_kl",
     "discounted_cumsum",
@@ -46,12 +57,16 @@ __all__ = [
     "masked_whiten",
     "pack",
     "pad",
+    "policy_objective",
     "reduce_loss",
     "reduce_per_sample",
     "reduce_per_token",
     "segment_ids_from_lengths",
     "segment_sum",
+    "sequence_ppo_kl",
     "tis_weights",
+    "token_ppo_kl",
     "unpack",
     "unpad",
+    "value_objective",
 ]
