@@ -1,0 +1,53 @@
+"""`python -m rlkube_runtime.engine --model-path DIR --port P`: the built-in engine as a server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from aiohttp import web
+
+from rlkube_runtime.engine.engine import Engine, EngineConfig
+from rlkube_runtime.engine.routes import build_app
+
+
+def parse_args(argv: list[str] | None = None) -> EngineConfig:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlkube_runtime.engine",
+        description="rlkube's built-in rollout engine: SGLang's native HTTP API over a transformers causal LM.",
+    )
+    parser.add_argument("--model-path", required=True, help="HF checkpoint directory (config, safetensors, tokenizer)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--seed", type=int, default=0, help="server seed; sampling streams derive from it")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--max-running-requests", type=int, default=64, help="requests decoded together at most")
+    parser.add_argument("--context-length", type=int, default=None, help="default: the model's max_position_embeddings")
+    parser.add_argument("--weight-version", default="default", help="reported until a weight update sets another")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.max_running_requests < 1:
+        parser.error(f"--max-running-requests must be at least 1, got {args.max_running_requests}")
+    return EngineConfig(
+        model_path=args.model_path,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        max_running_requests=args.max_running_requests,
+        context_length=args.context_length,
+        host=args.host,
+        port=args.port,
+        weight_version=args.weight_version,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    engine = Engine.load(config)
+    web.run_app(build_app(engine), host=config.host, port=config.port, handler_cancellation=True, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

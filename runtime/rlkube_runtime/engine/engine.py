@@ -1,0 +1,275 @@
+"""The engine object the HTTP routes hand off to: model, tokenizer, scheduler and server state.
+
+Every method is a coroutine that validates its input, runs the work in the scheduler thread and
+returns the JSON-ready answer; routes only parse the body and serialise the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import time
+from typing import Any
+
+import torch
+
+from rlkube_runtime.engine import protocol, weights
+from rlkube_runtime.engine.protocol import GenerateItem, GenerateRequest, ProtocolError
+from rlkube_runtime.engine.sampling import request_generator
+from rlkube_runtime.engine.scheduler import Scheduler
+from rlkube_runtime.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+ENGINE_NAME = "rlkube-builtin"
+HEALTH_CHECK_TIMEOUT_S = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """What `python -m rlkube_runtime.engine` is started with."""
+
+    model_path: str
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_running_requests: int = 64
+    context_length: int | None = None  # default: the model's max_position_embeddings
+    host: str = "127.0.0.1"
+    port: int = 30000
+    weight_version: str = "default"
+
+
+class Engine:
+    """Serves SGLang's native API over a transformers causal LM; create with `Engine.load`."""
+
+    def __init__(self, config: EngineConfig, model: torch.nn.Module, tokenizer):
+        self.config = config
+        self.model_path = config.model_path
+        self.model = model
+        self.tokenizer = tokenizer
+        model_config = model.config
+        self.vocab_size = int(model_config.vocab_size)
+        self.context_length = int(config.context_length or getattr(model_config, "max_position_embeddings", 4096))
+        self.eos_token_ids = _eos_token_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids, default=0)
+        self.scheduler = Scheduler(model, tokenizer, max_running_requests=config.max_running_requests, pad_token_id=pad)
+        self.scheduler.weight_version = config.weight_version
+        self._offload = weights.WeightOffload()
+        self._started_at = time.time()
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> Engine:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.dtype]
+        tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+        model.to(config.device).eval()
+        return cls(config, model, tokenizer)
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+    @property
+    def weight_version(self) -> str:
+        return self.scheduler.weight_version
+
+    # ---- generation ------------------------------------------------------------------------
+
+    async def generate(self, body: Any) -> dict[str, Any] | list[dict[str, Any]]:
+        request = protocol.parse_generate(body, vocab_size=self.vocab_size)
+        sequences = [self._sequence(item) for item in request.items]
+        for seq in sequences:
+            self.scheduler.submit(seq)
+        try:
+            results = await asyncio.gather(*(asyncio.wrap_future(seq.future) for seq in sequences))
+        except asyncio.CancelledError:
+            # The client went away: stop spending compute on its tokens.
+            self.scheduler.call(lambda: self.scheduler.cancel(sequences, "client disconnected"))
+            raise
+        return results[0] if request.is_single else list(results)
+
+    def _sequence(self, item: GenerateItem) -> Sequence:
+        prompt = list(item.input_ids) if item.input_ids is not None else self.tokenizer.encode(item.text)
+        field = "input_ids" if item.input_ids is not None else "text"
+        if not prompt:
+            raise ProtocolError(field, "tokenizes to no tokens")
+        if len(prompt) >= self.context_length:
+            raise ProtocolError(
+                field, f"prompt has {len(prompt)} tokens; the context length is {self.context_length}, so at most "
+                f"{self.context_length - 1} fit"
+            )
+        params = item.sampling
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        return Sequence(
+            item=item,
+            prompt_ids=prompt,
+            stop_token_ids=frozenset(stop_ids),
+            max_new_tokens=min(params.max_new_tokens, self.context_length - len(prompt)),
+            generator=request_generator(self.config.seed, params, item.rid, item.sample_index),
+        )
+
+    async def health_generate(self) -> bool:
+        """A 1-token greedy generation; while paused or released, a round trip through the loop."""
+        if self.scheduler.paused_mode is not None or self.scheduler.released_tags:
+            await self._run(lambda: None)
+            return True
+        body = {"input_ids": [0], "rid": f"HEALTH_CHECK_{time.time_ns()}",
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+        try:
+            await asyncio.wait_for(self.generate(body), HEALTH_CHECK_TIMEOUT_S)
+        except (asyncio.TimeoutError, RuntimeError):
+            return False
+        return True
+
+    # ---- control ---------------------------------------------------------------------------
+
+    async def abort(self, body: Any) -> int:
+        rid, abort_all = protocol.parse_abort(body)
+        return await self._run(lambda: self.scheduler.abort(None if abort_all else rid))
+
+    async def pause(self, body: Any) -> dict[str, Any]:
+        mode = protocol.parse_pause(body)
+        await self._run(lambda: self.scheduler.pause(mode))
+        return {"status": "ok", "message": f"Generation paused (mode {mode}).", "mode": mode}
+
+    async def resume(self) -> dict[str, Any]:
+        await self._run(self.scheduler.resume)
+        return {"status": "ok", "message": "Generation continued."}
+
+    async def flush_cache(self) -> bool:
+        """SGLang refuses to flush while requests run; so does this engine (there is no prefix
+        cache to drop, so an idle flush returns the allocator's cached blocks)."""
+
+        def flush() -> bool:
+            if not self.scheduler.idle():
+                return False
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return True
+
+        return await self._run(flush)
+
+    async def update_weights_from_tensor(self, body: Any) -> dict[str, Any]:
+        update = protocol.parse_update_from_tensor(body)
+        tensors = await asyncio.to_thread(weights.decode_named_tensors, update.serialized)
+        count = await self._run(lambda: self._apply(tensors, "serialized_named_tensors", update.weight_version))
+        return {"success": True, "message": f"Updated {count} tensors. Weight version {self.weight_version}."}
+
+    async def update_weights_from_disk(self, body: Any) -> dict[str, Any]:
+        model_path, version = protocol.parse_update_from_disk(body)
+        tensors = await asyncio.to_thread(weights.load_checkpoint_tensors, model_path)
+        count = await self._run(lambda: self._apply(tensors, "model_path", version))
+        self.model_path = model_path
+        return {
+            "success": True,
+            "message": f"Loaded {count} tensors from {model_path}. Weight version {self.weight_version}.",
+            "num_paused_requests": 0,
+        }
+
+    def _apply(self, tensors: dict[str, torch.Tensor], field: str, version: str | None) -> int:
+        if "weights" in self.scheduler.released_tags:
+            raise ProtocolError(field, "the weights are released; call /resume_memory_occupation with tags ['weights'] first")
+        count = weights.copy_into_model(self.model, tensors, field=field)
+        if version is not None:
+            self.scheduler.weight_version = version
+        return count
+
+    async def release_memory(self, body: Any) -> dict[str, Any]:
+        tags = protocol.parse_memory_tags(body)
+        await self._run(lambda: self.scheduler.release(tags, self._offload))
+        return {"success": True, "message": f"Released {list(tags)}.", "released_tags": sorted(self.scheduler.released_tags)}
+
+    async def resume_memory(self, body: Any) -> dict[str, Any]:
+        tags = protocol.parse_memory_tags(body)
+        await self._run(lambda: self.scheduler.resume_memory(tags, self._offload))
+        return {"success": True, "message": f"Resumed {list(tags)}.", "released_tags": sorted(self.scheduler.released_tags)}
+
+    async def _run(self, command):
+        return await asyncio.wrap_future(self.scheduler.call(command))
+
+    # ---- information -----------------------------------------------------------------------
+
+    def model_info(self) -> dict[str, Any]:
+        config = self.model.config
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.config.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+            "model_type": getattr(config, "model_type", None),
+            "architectures": getattr(config, "architectures", None),
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        load = self.scheduler.load()
+        return {
+            "engine": ENGINE_NAME,
+            "version": _package_version(),
+            "model_path": self.model_path,
+            "tokenizer_path": self.config.model_path,
+            "served_model_name": self.config.model_path,
+            "host": self.config.host,
+            "port": self.config.port,
+            "device": self.config.device,
+            "dtype": self.config.dtype,
+            "random_seed": self.config.seed,
+            "max_running_requests": self.config.max_running_requests,
+            "context_length": self.context_length,
+            "tp_size": 1,
+            "dp_size": 1,
+            "weight_version": self.weight_version,
+            "paused": self.scheduler.paused_mode,
+            "memory_released": sorted(self.scheduler.released_tags),
+            "internal_states": [{"num_running_reqs": load["running"], "num_waiting_reqs": load["waiting"]}],
+        }
+
+    def get_load(self) -> list[dict[str, int]]:
+        """The shape sglang-router sums over: one entry per data-parallel rank with `num_tokens`."""
+        load = self.scheduler.load()
+        return [{"dp_rank": 0, "num_reqs": load["running"] + load["waiting"], "num_waiting_reqs": load["waiting"],
+                 "num_tokens": load["kv_tokens"]}]
+
+    def loads(self) -> dict[str, Any]:
+        load = self.scheduler.load()
+        now = time.time()
+        rank = {
+            "dp_rank": 0,
+            "timestamp": now,
+            "num_running_reqs": load["running"],
+            "num_waiting_reqs": load["waiting"],
+            "num_used_tokens": load["kv_tokens"],
+            "num_total_tokens": load["kv_tokens"],
+            "max_running_requests": self.config.max_running_requests,
+            "gen_throughput": self.scheduler.generated_tokens / max(now - self._started_at, 1e-9),
+        }
+        return {"timestamp": now, "version": _package_version(), "dp_rank_count": 1, "loads": [rank]}
+
+
+def _eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    for source in (getattr(generation_config, "eos_token_id", None), model.config.eos_token_id, tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+def _package_version() -> str:
+    from rlkube_runtime import __version__
+
+    return __version__

@@ -1,0 +1,114 @@
+"""Malformed requests get HTTP 400 naming the field; valid ones are normalised like SGLang does."""
+
+import pytest
+
+from rlkube_runtime.engine import protocol
+from rlkube_runtime.engine.protocol import ProtocolError, parse_generate
+
+BAD_GENERATE_BODIES = [
+    ({}, "text"),
+    ({"text": "a", "input_ids": [1]}, "text"),
+    ({"text": 5}, "text"),
+    ({"text": ""}, "text"),
+    ({"text": ["a", ""]}, "text[1]"),
+    ({"input_ids": []}, "input_ids"),
+    ({"input_ids": [1, 10_000]}, "input_ids[1]"),
+    ({"input_ids": [[1], [2, -1]]}, "input_ids[1][1]"),
+    ({"text": "a", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+    ({"text": "a", "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
+    ({"text": "a", "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
+    ({"text": "a", "sampling_params": {"top_k": 0}}, "sampling_params.top_k"),
+    ({"text": "a", "sampling_params": {"max_new_tokens": -3}}, "sampling_params.max_new_tokens"),
+    ({"text": "a", "sampling_params": {"n": 0}}, "sampling_params.n"),
+    ({"text": "a", "sampling_params": {"stop": [""]}}, "sampling_params.stop"),
+    ({"text": "a", "sampling_params": {"stop_token_ids": ["x"]}}, "sampling_params.stop_token_ids"),
+    ({"text": "a", "sampling_params": {"temprature": 0.5}}, "sampling_params.temprature"),
+    ({"text": "a", "sampling_params": {"frequency_penalty": 0.5}}, "sampling_params.frequency_penalty"),
+    ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
+    ({"text": ["a", "b"], "sampling_params": [{"n": 1}, {"n": 2}]}, "sampling_params.n"),
+    ({"text": "a", "return_logprob": "yes"}, "return_logprob"),
+    ({"text": "a", "rid": 7}, "rid"),
+    ({"text": ["a", "b"], "rid": ["x"]}, "rid"),
+    ({"text": "a", "stream": True}, "stream"),
+    ({"text": "a", "sampling_param": {}}, "sampling_param"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_GENERATE_BODIES)
+async def test_bad_generate_body_is_400_naming_the_field_and_server_keeps_serving(client, body, field):
+    response = await client.post("/generate", json=body)
+    assert response.status == 400
+    error = await response.json()
+    assert error["param"] == field
+    assert error["code"] == 400 and field in error["message"]
+
+    good = await client.post("/generate", json={"text": "ok", "sampling_params": {"max_new_tokens": 2}})
+    assert good.status == 200
+    assert len((await good.json())["output_ids"]) == 2
+
+
+async def test_body_that_is_not_json_is_400(client):
+    response = await client.post("/generate", data=b"{not json", headers={"Content-Type": "application/json"})
+    assert response.status == 400
+    assert (await response.json())["param"] == "body"
+
+
+async def test_prompt_longer_than_the_context_is_400(start_engine):
+    client = await start_engine(context_length=8)
+    response = await client.post("/generate", json={"input_ids": [5] * 8})
+    assert response.status == 400
+    assert "context length is 8" in (await response.json())["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/abort_request", {}, "rid"),
+        ("/abort_request", {"rid": ""}, "rid"),
+        ("/pause_generation", {"mode": "later"}, "mode"),
+        ("/release_memory_occupation", {"tags": ["gpu"]}, "tags[0]"),
+        ("/update_weights_from_tensor", {"serialized_named_tensors": ["x"], "load_format": None}, "load_format"),
+        ("/update_weights_from_tensor", {"serialized_named_tensors": "x", "load_format": "rlkube_safetensors"},
+         "serialized_named_tensors"),
+        ("/update_weights_from_tensor", {"serialized_named_tensors": ["%%%"], "load_format": "rlkube_safetensors"},
+         "serialized_named_tensors[0]"),
+        ("/update_weights_from_disk", {}, "model_path"),
+        ("/update_weights_from_disk", {"model_path": "/nonexistent/dir"}, "model_path"),
+    ],
+)
+async def test_bad_control_bodies_are_400_naming_the_field(client, path, body, field):
+    response = await client.post(path, json=body)
+    assert response.status == 400
+    assert (await response.json())["param"] == field
+
+
+def test_n_samples_expand_prompt_major_with_numbered_rids():
+    request = parse_generate({"text": ["p", "q"], "rid": ["a", "b"], "sampling_params": {"n": 2}}, vocab_size=10)
+    assert [(item.text, item.rid, item.sample_index) for item in request.items] == [
+        ("p", "a_0", 0), ("p", "a_1", 1), ("q", "b_0", 0), ("q", "b_1", 1)
+    ]
+    assert not request.is_single
+
+
+def test_single_prompt_with_n_one_answers_with_an_object_and_keeps_its_rid():
+    request = parse_generate({"input_ids": [1, 2], "rid": "r"}, vocab_size=10)
+    assert request.is_single and request.items[0].rid == "r" and request.items[0].input_ids == (1, 2)
+    assert parse_generate({"text": "x", "sampling_params": {"n": 3}}, vocab_size=10).is_single is False
+
+
+def test_sampling_defaults_match_sglang():
+    params = parse_generate({"text": "x"}, vocab_size=10).items[0].sampling
+    assert (params.temperature, params.top_p, params.top_k, params.max_new_tokens) == (1.0, 1.0, -1, 128)
+    assert params.skip_special_tokens and not params.ignore_eos and params.stop == ()
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted():
+    body = {"text": "x", "stream": False, "logprob_start_len": -1,
+            "sampling_params": {"min_p": 0.0, "repetition_penalty": 1.0, "spaces_between_special_tokens": True}}
+    assert parse_generate(body, vocab_size=10).items[0].sampling.temperature == 1.0
+
+
+def test_memory_tags_default_to_all():
+    assert protocol.parse_memory_tags(None) == protocol.MEMORY_TAGS
+    with pytest.raises(ProtocolError, match="tags"):
+        protocol.parse_memory_tags({"tags": []})
