@@ -13,6 +13,7 @@ Keys per record (names configurable, as slime's --input-key/--label-key/...):
 
 from __future__ import annotations
 
+import importlib
 import json
 import pathlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -26,6 +27,10 @@ BuiltinFactory = Callable[[], Iterable[Mapping[str, Any]]]
 """Returns the task's records, with the same keys a JSONL line would have."""
 
 _BUILTIN_DATASETS: dict[str, BuiltinFactory] = {}
+
+# Modules that register built-in prompt sets when imported; a `builtin:` lookup imports them first
+# so that no caller has to remember to.
+BUILTIN_PROVIDERS: tuple[str, ...] = ("rlkube_runtime.tiny.task",)
 
 
 class DatasetError(ValueError):
@@ -135,6 +140,8 @@ def _read_records(
 
 
 def _read_builtin(name: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    for module in BUILTIN_PROVIDERS:
+        importlib.import_module(module)
     factory = _BUILTIN_DATASETS.get(name)
     if factory is None:
         raise DatasetError(

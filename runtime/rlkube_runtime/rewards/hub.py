@@ -9,8 +9,12 @@ Reward types (RewardSpec.type):
 Plugin signatures (one each, sync or async; paths are `package.module:function`):
   custom reward            fn(sample: Sample) -> float
   group reward             fn(group: list[Sample]) -> list[float]   one reward per sample, in order
+A group reward function replaces per-sample scoring (as RewardSpec documents): it alone scores
+every group. It can call the rules here (e.g. `math_reward`) when it wants them. An async plugin
+that takes longer than `timeout_seconds` fails with TimeoutError; a sync one cannot be interrupted.
 
-Per-sample overrides, for prompt sets that mix tasks, read from `sample.metadata`:
+Per-sample overrides, for prompt sets that mix tasks, read from `sample.metadata` (not used when
+a group reward function is set):
   "reward_fn"    a custom reward function path for this sample (takes precedence over the type)
   "reward_type"  another reward type for this sample (remote and custom still need url/custom_path)
 """
@@ -129,9 +133,9 @@ async def compute_rewards(
 
     Sets `sample.reward` on every sample and returns the rewards in order. At most
     `max_concurrency` remote or custom calls run at once. With a group reward function, the
-    samples are grouped by `group_index` after the per-sample rewards are set, and the function's
-    answer for each group replaces them. If any sample fails, the other calls are cancelled and
-    the error propagates (with a note naming the sample).
+    samples are grouped by `group_index` (in order of first appearance) and the function scores
+    each group instead of the per-sample type. If any call fails, the others are cancelled and the
+    error propagates (with a note naming the function and sample or group).
     """
     config = _config_from(
         spec,
@@ -146,25 +150,25 @@ async def compute_rewards(
         raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}.")
     limit = asyncio.Semaphore(max_concurrency)
 
-    async with _Scorer(config, remote_client) as scorer:
+    if config.group_reward_function:
+        path = config.group_reward_function
+        group_fn = load_callable(path, what="group reward function (reward.groupRewardFunction)")
 
-        async def score_one(sample: Sample) -> None:
+        async def score_group(group: list[Sample]) -> None:
+            where = f"group reward function {path!r} for group_index {group[0].group_index}"
             async with limit:
-                sample.reward = await scorer.score(sample)
+                rewards = await _call_plugin_noting(group_fn, group, where, config.timeout_seconds)
+            _assign_group_rewards(group, rewards, path)
 
-        await _gather_or_cancel([score_one(s) for s in samples])
+        await _gather_or_cancel([score_group(g) for g in _groups(samples)])
+    else:
+        async with _Scorer(config, remote_client) as scorer:
 
-        if config.group_reward_function:
-            group_fn = load_callable(config.group_reward_function, what="group reward function")
-
-            async def score_group(group: list[Sample]) -> None:
-                path = config.group_reward_function
-                note = f"in group reward function {path!r} for group_index {group[0].group_index}"
+            async def score_one(sample: Sample) -> None:
                 async with limit:
-                    rewards = await _call_noting(group_fn, group, note=note)
-                _assign_group_rewards(group, rewards, path)
+                    sample.reward = await scorer.score(sample)
 
-            await _gather_or_cancel([score_group(g) for g in _groups(samples)])
+            await _gather_or_cancel([score_one(s) for s in samples])
 
     return [s.reward for s in samples]  # type: ignore[misc]  # all set above
 
@@ -224,8 +228,8 @@ class _Scorer:
         )
 
     async def _custom(self, fn: Callable[..., Any], path: str, sample: Sample) -> float:
-        note = f"in reward function {path!r} for sample index {sample.index}"
-        value = await _call_noting(fn, sample, note=note)
+        where = f"reward function {path!r} for sample index {sample.index}"
+        value = await _call_plugin_noting(fn, sample, where, self.config.timeout_seconds)
         return to_reward_value(value, source=f"reward function {path!r}")
 
     def _function(self, path: str, what: str) -> Callable[..., Any]:
@@ -247,11 +251,18 @@ def _config_from(spec: Any, **settings: Any) -> RewardConfig:
     return RewardConfig(**given)
 
 
-async def _call_noting(fn: Callable[..., Any], arg: Any, *, note: str) -> Any:
+async def _call_plugin_noting(fn: Callable[..., Any], arg: Any, where: str, timeout: float) -> Any:
+    """Call a user function; its exceptions get a note saying `where`, a hang a TimeoutError."""
     try:
-        return await call_plugin(fn, arg)
+        return await asyncio.wait_for(call_plugin(fn, arg), timeout)
+    except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
+        raise TimeoutError(
+            f"{where} gave no answer within {timeout} s; raise reward.timeoutSeconds if it is "
+            "just slow."
+        ) from None
     except Exception as exc:
-        exc.add_note(note)
+        if hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"in {where}")
         raise
 
 

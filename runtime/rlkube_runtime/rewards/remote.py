@@ -40,7 +40,7 @@ class _ServerStatusError(Exception):
 _RETRYABLE = (
     aiohttp.ClientConnectionError,  # refused, reset, DNS, server disconnected
     aiohttp.ClientPayloadError,  # the answer was cut off
-    TimeoutError,  # no answer within timeout_seconds
+    asyncio.TimeoutError,  # no answer within timeout_seconds
     _ServerStatusError,
 )
 
@@ -154,6 +154,6 @@ class RemoteRewardClient:
         return self._session
 
     def _describe(self, exc: BaseException | None) -> str:
-        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and not str(exc):
+        if isinstance(exc, asyncio.TimeoutError) and not str(exc):
             return f"no answer within {self.timeout_seconds} s"
         return f"{type(exc).__name__}: {exc}"

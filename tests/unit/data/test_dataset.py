@@ -3,6 +3,8 @@ the file and record."""
 
 import json
 import pathlib
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -151,9 +153,16 @@ def test_builtin_prefix_loads_a_registered_task_through_the_same_checks():
     assert [(s.prompt, s.label) for s in samples] == [("count 0", "0"), ("count 1", "1"), ("count 2", "2")]
 
 
+def test_the_projects_builtin_tasks_load_without_importing_their_module_first(tmp_path):
+    # A fresh interpreter: nothing but the loader is imported.
+    code = "from rlkube_runtime.data import load_prompt_dataset as l; s = l('builtin:digit-successor'); print(len(s), s[0].prompt, s[0].label)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["10", "0>", "1"]
+
+
 def test_unknown_builtin_name_lists_the_known_ones():
     register_builtin_dataset("test-known", lambda: [{"prompt": "p", "label": "l"}])
-    with pytest.raises(DatasetError, match=r"unknown built-in prompt set builtin:nope; known: \[.*'builtin:test-known'"):
+    with pytest.raises(DatasetError, match=r"unknown built-in prompt set builtin:nope; known: \[.*'builtin:digit-successor'.*'builtin:test-known'"):
         load_prompt_dataset("builtin:nope")
 
 

@@ -34,14 +34,18 @@ def broken(sample):
     raise KeyError("judge")
 
 def rank_in_group(group):
-    # relative reward: 1 for the longest response of the group, 0 for the others; it also sees
-    # the per-sample reward the hub set first
-    best = max(range(len(group)), key=lambda i: (len(group[i].response), group[i].reward))
+    # relative reward: 1 for the longest response of its group, 0 for the others
+    best = max(range(len(group)), key=lambda i: len(group[i].response))
     return [1.0 if i == best else 0.0 for i in range(len(group))]
 
 async def centred(group):
-    mean = sum(s.reward for s in group) / len(group)
-    return [s.reward - mean for s in group]
+    # length minus the group's mean length; never sees a per-sample reward
+    assert all(s.reward is None for s in group)
+    mean = sum(len(s.response) for s in group) / len(group)
+    return [len(s.response) - mean for s in group]
+
+async def hangs(sample):
+    await asyncio.sleep(30)
 
 def too_short(group):
     return [1.0]
@@ -113,15 +117,16 @@ async def test_compute_rewards_sets_sample_reward_and_returns_them_in_order(rewa
     assert rewards == [3.0, 1.0, 2.0] == [s.reward for s in samples]
 
 
-async def test_group_reward_function_replaces_rewards_per_group_after_the_sample_rewards(rewards_module):
-    # Groups interleaved on purpose: grouping is by group_index, not by position.
+async def test_group_reward_function_scores_each_group_instead_of_the_per_sample_type(rewards_module):
+    # Groups interleaved on purpose: grouping is by group_index, not by position. The per-sample
+    # type would fail (`broken`), so it must not run.
     a, b = group(0, ["aa", "a", "aaa"]), group(1, ["b", "bbbb"])
     samples = [a[0], b[0], a[1], b[1], a[2]]
     rewards = await compute_rewards(
-        samples, reward_type="custom", custom_path=f"{rewards_module}:length",
+        samples, reward_type="custom", custom_path=f"{rewards_module}:broken",
         group_reward_function=f"{rewards_module}:centred",
     )
-    # centred: length minus the group's mean length (a: mean 2, b: mean 2.5)
+    # a: mean length 2, b: mean length 2.5
     assert rewards == [0.0, -1.5, -1.0, 1.5, 1.0]
     assert [s.reward for s in samples] == rewards
 
@@ -145,7 +150,7 @@ async def test_a_group_reward_function_needs_group_indices(rewards_module):
 async def test_settings_come_from_a_reward_spec_read_by_attribute(rewards_module):
     class Spec:  # the fields of rlkube_runtime.spec.RewardSpec
         type = "custom"
-        custom_path = f"{rewards_module}:length"
+        custom_path = f"{rewards_module}:length"  # replaced by the group function
         url = None
         timeout_seconds = 5.0
         max_retries = 1
@@ -212,3 +217,13 @@ async def test_a_failing_sample_cancels_the_rest_of_the_batch(rewards_module, tm
 
     assert rlkube_test_slow_reward.DONE == []  # cancelled, never finished
     assert asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_an_async_custom_function_that_hangs_fails_after_timeout_seconds(rewards_module):
+    with pytest.raises(TimeoutError, match=rf"reward function '{rewards_module}:hangs' for sample index 4 gave no answer within 0.05 s"):
+        await compute_rewards([Sample(index=4)], reward_type="custom", custom_path=f"{rewards_module}:hangs", timeout_seconds=0.05)
+
+
+async def test_an_unimportable_group_reward_function_is_named():
+    with pytest.raises(PluginLoadError, match=r"group reward function \(reward.groupRewardFunction\) 'nope_mod:g'"):
+        await compute_rewards(group(0, ["a"]), reward_type="exact", group_reward_function="nope_mod:g")
