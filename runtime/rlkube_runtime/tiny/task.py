@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from rlkube_runtime.data.dataset import register_builtin_dataset
+
 
 @dataclass(frozen=True)
 class SyntheticTask:
@@ -35,6 +37,11 @@ TASKS: dict[str, SyntheticTask] = {
         SyntheticTask("add-mod10", "0123456789+=", "'3+9=' -> '2': the last digit of a sum", _add_mod10),
     )
 }
+
+
+for _task in TASKS.values():
+    # `data.promptData: builtin:<name>` reads these records like lines of a JSONL file.
+    register_builtin_dataset(_task.name, _task.make_records)
 
 
 def get_task(name: str) -> SyntheticTask:

@@ -1,0 +1,164 @@
+"""One trainer rank: turns a rollout's rewarded samples into optimizer steps.
+
+The loop calls every method on every rank with the same arguments (the whole rollout); the
+backend splits the work. Per rollout, in slime's order: old (and reference) log-probs, the
+advantages, then `numStepsPerRollout` optimizer steps of `globalBatchSize` samples each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+
+from rlkube_runtime.algorithms import compute_advantages, compute_approx_kl
+from rlkube_runtime.data.sample import Sample
+from rlkube_runtime.spec import RLJobSpec
+from rlkube_runtime.trainer.batch import TrainBatch
+from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from rlkube_runtime.trainer.torch_backend import TorchBackend
+
+# The torch backend has no critic, so PPO's value-based advantages are not available with it.
+SUPPORTED_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+def check_trainer_supports(spec: RLJobSpec) -> None:
+    """Fail at start, naming the field, for settings this trainer cannot honour."""
+    estimator = _value(spec.algorithm.advantage_estimator)
+    if estimator not in SUPPORTED_ESTIMATORS:
+        raise ValueError(
+            f"spec.algorithm.advantageEstimator: {estimator!r} needs a critic model, which the torch "
+            f"trainer backend does not have; use one of {list(SUPPORTED_ESTIMATORS)}"
+        )
+
+
+class TrainerWorker:
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        *,
+        hf_checkpoint: str,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 29500,
+        device: str = "cpu",
+        num_threads: int | None = None,
+    ):
+        self.spec = RLJobSpec.model_validate(spec)
+        check_trainer_supports(self.spec)
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        if world_size > 1:
+            os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+            backend = "nccl" if device == "cuda" else "gloo"
+            torch.distributed.init_process_group(backend, rank=rank, world_size=world_size)
+        # The model comes from the driver (a built tiny checkpoint, the HF checkpoint, or the
+        # weights of a resumed run), so the model config is built here, not read from the spec.
+        model = ModelConfig(
+            hf_checkpoint=hf_checkpoint,
+            ref_load=self.spec.model.ref_load,
+            dtype=_value(self.spec.model.dtype),
+        )
+        optimizer = OptimizerConfig.from_spec(self.spec)
+        if optimizer.decay_steps is None and optimizer.lr_decay_style != "constant":
+            total_steps = self.spec.training.num_rollout * self.spec.training.num_steps_per_rollout
+            optimizer = dataclasses.replace(optimizer, decay_steps=total_steps)
+        self.config = TrainerConfig(
+            model=model,
+            optimizer=optimizer,
+            batching=BatchingConfig.from_spec(self.spec),
+            loss=LossConfig.from_spec(self.spec),
+            temperature=self.spec.rollout.temperature,
+            seed=self.spec.training.seed,
+        )
+        self.backend = TorchBackend(self.config, device=device if device == "cpu" else None)
+        self.rank = rank
+
+    def ready(self) -> bool:
+        return True
+
+    def train(self, rollout_id: int, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """Train on one rollout's samples (as `Sample.to_dict()`); returns slime-named metrics."""
+        batch_samples = [Sample.from_dict(s) for s in samples]
+        batch = to_train_batch(batch_samples)
+        algo = self.spec.algorithm
+        needs_ref = self.config.loss.needs_ref_model
+
+        old = self.backend.compute_log_probs(batch, model="actor")
+        batch = batch.with_fields(old_log_probs=old.log_probs)
+        kl = None
+        if needs_ref:
+            ref = self.backend.compute_log_probs(batch, model="ref")
+            batch = batch.with_fields(ref_log_probs=ref.log_probs)
+            kl = [
+                compute_approx_kl(o, r, _value(algo.kl_loss_type))
+                for o, r in zip(old.log_probs, ref.log_probs)
+            ]
+        advantages, _returns = compute_advantages(
+            _value(algo.advantage_estimator),
+            rewards=[float(s.reward) for s in batch_samples],
+            group_size=self.spec.rollout.n_samples_per_prompt,
+            loss_masks=batch.loss_masks,
+            kl=kl,
+            gamma=algo.gamma,
+            gae_lambda=algo.gae_lambda,
+            kl_coef=algo.kl_coef,
+            grpo_std_normalization=algo.grpo_std_normalization,
+        )
+        batch = batch.with_fields(advantages=[a.float() for a in advantages])
+
+        steps = [self.backend.train_step(step) for step in batch.global_batches(self.spec.global_batch_size)]
+        metrics = {f"train/{key}": sum(s[key] for s in steps) / len(steps) for key in steps[0]}
+        metrics["train/num_steps"] = float(len(steps))
+        if batch.rollout_log_probs is not None:
+            metrics["train/train_rollout_logprob_abs_diff"] = logprob_abs_diff(
+                batch.old_log_probs, batch.rollout_log_probs, batch.loss_masks
+            )
+        return metrics
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        return self.backend.export_weights()
+
+    def save_hf(self, directory: str) -> str:
+        return str(self.backend.save_hf(directory))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.backend.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.backend.load_state_dict(state)
+
+    def release_memory(self) -> None:
+        self.backend.release_memory()
+
+    def resume_memory(self) -> None:
+        self.backend.resume_memory()
+
+
+def to_train_batch(samples: list[Sample]) -> TrainBatch:
+    """Rewarded samples to the trainer's column layout (advantages filled in later)."""
+    for s in samples:
+        s.check_lengths()
+    have_logprobs = all(s.rollout_log_probs is not None for s in samples)
+    return TrainBatch.from_lists(
+        tokens=[s.tokens for s in samples],
+        response_lengths=[s.response_length for s in samples],
+        loss_masks=[s.loss_mask if s.loss_mask is not None else [1] * s.response_length for s in samples],
+        advantages=[[0.0] * s.response_length for s in samples],
+        rollout_log_probs=[s.rollout_log_probs for s in samples] if have_logprobs else None,
+    )
+
+
+def logprob_abs_diff(trainer: list[torch.Tensor], engine: list[torch.Tensor], masks: list[torch.Tensor]) -> float:
+    """Mean |trainer - engine| log-prob over trained tokens: do rollout and training agree?"""
+    total = sum(float(((t - e).abs() * m).sum()) for t, e, m in zip(trainer, engine, masks))
+    count = sum(float(m.sum()) for m in masks)
+    return total / count if count else 0.0
+
+
+def _value(field: Any) -> str:
+    """An enum field's string (the spec's enums are str enums)."""
+    return str(getattr(field, "value", field))

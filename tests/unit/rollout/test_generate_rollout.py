@@ -1,0 +1,123 @@
+"""Rollout generation against the real built-in engine, in process (no HTTP hop, same engine code)."""
+
+from __future__ import annotations
+
+import pytest
+
+import rlkube_runtime.tiny.task  # noqa: F401  (registers builtin: prompt sets)
+from rlkube_runtime.data.dataset import load_prompt_dataset
+from rlkube_runtime.data.sample import SampleStatus
+from rlkube_runtime.data.source import PromptSource
+from rlkube_runtime.engine.engine import Engine, EngineConfig
+from rlkube_runtime.rewards.hub import compute_rewards
+from rlkube_runtime.rollout.generate import GenerateContext, SamplingConfig, generate_rollout
+from rlkube_runtime.tiny.model import build_tiny_checkpoint
+from rlkube_runtime.tiny.task import get_task
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), alphabet=get_task("add-mod10").alphabet, seed=3)
+
+
+@pytest.fixture
+async def engine(model_dir):
+    engine = Engine.load(EngineConfig(model_path=str(model_dir), seed=7))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def _source(n: int = 4) -> PromptSource:
+    return PromptSource(load_prompt_dataset("builtin:add-mod10"), n_samples_per_prompt=n, seed=1)
+
+
+def _context(engine: Engine, max_len: int = 3) -> GenerateContext:
+    return GenerateContext(
+        generate=engine.generate,
+        sampling=SamplingConfig(max_response_len=max_len),
+        tokenizer=engine.tokenizer,
+        max_turns=1,
+        rollout_id=0,
+    )
+
+
+def _tokenizing(source: PromptSource, tokenizer):
+    drawn = []
+
+    def get_groups(n):
+        groups = source.get_samples(n)
+        for g in groups:
+            drawn.append(g[0].group_index)
+            for s in g:
+                s.tokens = s.tokens or tokenizer(s.prompt, add_special_tokens=False)["input_ids"]
+        return groups
+
+    return get_groups, drawn
+
+
+async def _reward(group):
+    return await compute_rewards(group, reward_type="exact")
+
+
+async def test_a_rollout_returns_batch_size_rewarded_groups_with_per_token_logprobs(engine):
+    source = _source()
+    get_groups, _ = _tokenizing(source, engine.tokenizer)
+    result = await generate_rollout(
+        ctx=_context(engine), get_groups=get_groups, return_groups=source.add_samples,
+        reward_group=_reward, num_groups=5,
+    )
+    assert len(result.groups) == 5
+    assert [g[0].group_index for g in result.groups] == sorted(g[0].group_index for g in result.groups)
+    for group in result.groups:
+        assert len(group) == 4 and len({s.group_index for s in group}) == 1
+        for s in group:
+            assert 1 <= s.response_length <= 3
+            assert len(s.rollout_log_probs) == len(s.loss_mask) == s.response_length
+            assert all(lp <= 0 for lp in s.rollout_log_probs)
+            assert s.reward in (0.0, 1.0)
+            assert s.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
+    assert result.metrics["rollout/response_len/mean"] > 0
+    assert source.buffer_size == 0
+
+
+async def test_dynamic_filter_with_over_sampling_keeps_only_accepted_groups_and_loses_no_prompt(engine):
+    source = _source(n=2)
+    get_groups, drawn = _tokenizing(source, engine.tokenizer)
+    seen = []
+
+    def keep_even_groups(group):
+        seen.append(group[0].group_index)
+        return group[0].group_index % 2 == 0
+
+    result = await generate_rollout(
+        ctx=_context(engine), get_groups=get_groups, return_groups=source.add_samples,
+        reward_group=_reward, num_groups=3, over_sampling_groups=6, keep_group=keep_even_groups,
+    )
+    kept = [g[0].group_index for g in result.groups]
+    assert len(kept) == 3 and all(i % 2 == 0 for i in kept)
+    rejected = [i for i in seen if i % 2]
+    handed_back = [g[0].group_index for g in source.get_samples(source.buffer_size)] if source.buffer_size else []
+    # Every drawn group is kept, rejected by the filter, or back in the buffer: none vanishes.
+    assert sorted(kept + rejected + handed_back) == sorted(drawn)
+    assert result.metrics["rollout/dynamic_filter_rejected_groups"] == len(rejected)
+
+
+async def test_groups_cut_short_go_back_to_the_buffer_reset_and_pending(engine):
+    source = _source(n=2)
+    get_groups, drawn = _tokenizing(source, engine.tokenizer)
+
+    async def abort_all():
+        await engine.abort({"abort_all": True})
+
+    result = await generate_rollout(
+        ctx=_context(engine, max_len=3), get_groups=get_groups, return_groups=source.add_samples,
+        reward_group=_reward, num_groups=2, over_sampling_groups=12, abort_in_flight=abort_all,
+    )
+    assert len(result.groups) == 2
+    returned = source.get_samples(source.buffer_size) if source.buffer_size else []
+    assert len(result.groups) + len(returned) == len(drawn)
+    for group in returned:
+        for s in group:
+            assert s.status == SampleStatus.PENDING and s.response_length == 0 and s.reward is None
+            assert s.tokens == engine.tokenizer(s.prompt, add_special_tokens=False)["input_ids"]

@@ -1,0 +1,38 @@
+import pytest
+
+from rlkube_runtime.topology import plan_topology
+
+
+def plan(**kw):
+    base = dict(placement="separate", trainer_nodes=1, trainer_gpus_per_node=4, rollout_gpus=4,
+                gpus_per_engine=2, visible_gpus=8, cpus=32)
+    return plan_topology(**{**base, **kw})
+
+
+def test_separate_placement_gives_engines_their_own_bundles():
+    t = plan()
+    assert t.trainer_world_size == 4 and t.num_engines == 2
+    assert t.trainer_bundles == (0, 1, 2, 3) and t.engine_bundles == (4, 5)
+    assert [b["GPU"] for b in t.bundles] == [1, 1, 1, 1, 2, 2]
+
+
+def test_colocated_engines_share_the_trainer_bundles():
+    t = plan(placement="colocated", trainer_gpus_per_node=8, rollout_gpus=0)
+    assert len(t.bundles) == 8 and t.num_engines == 4
+    assert t.engine_bundles == (0, 2, 4, 6)
+    assert t.trainer_actor_resources["GPU"] + t.engine_actor_resources["GPU"] <= 1
+
+
+def test_without_gpus_one_trainer_and_one_engine_share_the_cpus():
+    t = plan(visible_gpus=0, placement="colocated")
+    assert (t.device, t.trainer_world_size, t.num_engines) == ("cpu", 1, 1)
+    assert t.engine_bundles == t.trainer_bundles
+
+
+@pytest.mark.parametrize("kw, text", [
+    ({"visible_gpus": 6}, "needs 8 GPUs"),
+    ({"rollout_gpus": 3}, "gpusPerEngine"),
+])
+def test_impossible_layouts_name_the_field(kw, text):
+    with pytest.raises(ValueError, match=text):
+        plan(**kw)
