@@ -1,0 +1,311 @@
+"""Atomic, self-verifying checkpoints: a crash at any moment leaves the last complete one usable.
+
+Layout under `root`:
+
+    root/rollout_00000012/         one checkpoint per saved rollout (zero-padded: names sort)
+        model.pt optimizer.pt ...  one file per payload entry (torch.save)
+        data_source.json ...       entries made only of JSON types are stored as JSON
+        complete                   manifest (file sizes + sha256), written last
+    root/latest                    the newest saved rollout id, for people and the operator
+    root/.tmp-rollout_...          a save in progress (or a crashed one)
+
+A save writes everything into a `.tmp-` directory, fsyncs it, renames it to its final name,
+writes the `complete` marker, then replaces `latest`. A checkpoint counts only once its marker
+exists and every file matches the manifest, so `load_latest_checkpoint` skips (with a warning)
+directories from a crash or with a damaged file, and falls back to the next newest.
+
+A single process writes checkpoints; saves of different rollouts may overlap (async saves),
+which is why a save never deletes `.tmp-` directories: `clean_partial_checkpoints` does, at
+startup, when no save can be in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+log = logging.getLogger(__name__)
+
+PREFIX = "rollout_"
+TMP_PREFIX = ".tmp-"
+MARKER = "complete"
+LATEST = "latest"
+FORMAT_VERSION = 1
+_DIR_RE = re.compile(rf"^{PREFIX}(\d+)$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+class CheckpointSkippedWarning(UserWarning):
+    """A checkpoint directory was passed over while looking for the newest usable one."""
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint directory is incomplete or does not match its manifest."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint: the payload passed to `save_checkpoint`, key for key."""
+
+    rollout_id: int
+    path: Path
+    payload: dict[str, Any]
+
+
+def checkpoint_dir_name(rollout_id: int) -> str:
+    if rollout_id < 0:
+        raise ValueError(f"rollout_id must be >= 0, got {rollout_id}")
+    return f"{PREFIX}{rollout_id:08d}"
+
+
+def save_checkpoint(
+    root: str | os.PathLike,
+    rollout_id: int,
+    payload: Mapping[str, Any],
+    *,
+    keep: int | None = None,
+) -> Path:
+    """Write `payload` as checkpoint `rollout_id` under `root` atomically; returns its directory.
+
+    payload: name -> value. A value made only of dicts with str keys, lists, str, int, float,
+    bool and None goes to `<name>.json`; anything else (state dicts with tensors) to
+    `<name>.pt` via torch.save, and must be loadable with `weights_only=True` (tensors, plain
+    containers, numbers, strings). keep: how many complete checkpoints to leave (the newest
+    always stays); None keeps all. Saving a rollout id again replaces that checkpoint.
+    """
+    if keep is not None and keep < 1:
+        raise ValueError(f"checkpoint keep must be >= 1 (or None to keep all), got {keep}")
+    if not payload:
+        raise ValueError("checkpoint payload is empty; nothing to save")
+    for key in payload:
+        if not isinstance(key, str) or not _KEY_RE.match(key) or key == MARKER:
+            raise ValueError(
+                f"checkpoint payload key {key!r} is not usable as a file name "
+                f"(letters, digits, '_', '.', '-'; not starting with '.'; not {MARKER!r})"
+            )
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_dir_name(rollout_id)
+    tmp = root / f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+
+    files: dict[str, str] = {}
+    for key, value in payload.items():
+        if _is_plain_json(value):
+            filename = f"{key}.json"
+            _write_bytes(tmp / filename, json.dumps(value, indent=1, sort_keys=True).encode())
+        else:
+            filename = f"{key}.pt"
+            with open(tmp / filename, "wb") as f:
+                torch.save(value, f)
+                f.flush()
+                os.fsync(f.fileno())
+        files[key] = filename
+    manifest = {
+        "format": FORMAT_VERSION,
+        "rollout_id": rollout_id,
+        "payload": files,
+        "files": {fn: {"bytes": (tmp / fn).stat().st_size, "sha256": _sha256(tmp / fn)} for fn in files.values()},
+    }
+    _fsync_dir(tmp)
+
+    final = root / name
+    if final.exists():
+        # Re-saving a rollout (a resumed run redoing it): move the old one aside first, since a
+        # rename cannot replace a non-empty directory.
+        aside = root / f"{TMP_PREFIX}replaced-{name}-{secrets.token_hex(4)}"
+        os.rename(final, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _write_atomic(final / MARKER, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    _write_atomic(root / LATEST, f"{rollout_id}\n".encode())
+    log.info("saved checkpoint %s", final)
+
+    if keep is not None:
+        prune_checkpoints(root, keep)
+    return final
+
+
+def load_latest_checkpoint(
+    root: str | os.PathLike, *, map_location: str | torch.device = "cpu"
+) -> Checkpoint | None:
+    """The newest checkpoint under `root` that is complete and matches its manifest, or None.
+
+    Directories without a marker, with a missing, resized or altered file, or that fail to load
+    are skipped with a `CheckpointSkippedWarning` naming the directory and the reason.
+    `.tmp-` directories are never considered.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    for rollout_id, path in reversed(_rollout_dirs(root)):
+        try:
+            return load_checkpoint(path, map_location=map_location)
+        except CorruptCheckpointError as err:
+            message = f"skipping checkpoint {path}: {err}"
+            log.warning(message)
+            warnings.warn(message, CheckpointSkippedWarning, stacklevel=2)
+    return None
+
+
+def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Verify and load one checkpoint directory; raises CorruptCheckpointError saying why not."""
+    path = Path(path)
+    manifest = verify_checkpoint(path)
+    payload: dict[str, Any] = {}
+    for key, filename in manifest["payload"].items():
+        file = path / filename
+        try:
+            if filename.endswith(".json"):
+                payload[key] = json.loads(file.read_text())
+            else:
+                payload[key] = torch.load(file, map_location=map_location, weights_only=True)
+        except Exception as err:  # a file that hashes right but does not load is still unusable
+            raise CorruptCheckpointError(f"{filename} does not load: {type(err).__name__}: {err}") from err
+    return Checkpoint(rollout_id=int(manifest["rollout_id"]), path=path, payload=payload)
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a complete checkpoint whose files all match it; raises otherwise."""
+    path = Path(path)
+    marker = path / MARKER
+    if not marker.is_file():
+        raise CorruptCheckpointError(f"no '{MARKER}' marker (the save did not finish)")
+    try:
+        manifest = json.loads(marker.read_text())
+        files = manifest["files"]
+        payload = manifest["payload"]
+        rollout_id = int(manifest["rollout_id"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise CorruptCheckpointError(f"unreadable '{MARKER}' manifest: {err}") from err
+    match = _DIR_RE.match(path.name)
+    if match and int(match.group(1)) != rollout_id:
+        raise CorruptCheckpointError(f"manifest says rollout {rollout_id}, directory name says {match.group(1)}")
+    for filename in payload.values():
+        if filename not in files:
+            raise CorruptCheckpointError(f"manifest lists payload file {filename} without size and hash")
+    for filename, expected in files.items():
+        file = path / filename
+        if not file.is_file():
+            raise CorruptCheckpointError(f"{filename} is missing")
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            raise CorruptCheckpointError(f"{filename} has {size} bytes, manifest says {expected['bytes']}")
+        digest = _sha256(file)
+        if digest != expected["sha256"]:
+            raise CorruptCheckpointError(f"{filename} sha256 {digest[:12]}… differs from the manifest's")
+    return manifest
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(rollout_id, directory) of every checkpoint with a `complete` marker, oldest first.
+
+    Only checks for the marker; `verify_checkpoint` checks the files.
+    """
+    return [(i, p) for i, p in _rollout_dirs(Path(root)) if (p / MARKER).is_file()]
+
+
+def read_latest(root: str | os.PathLike) -> int | None:
+    """The rollout id in `root/latest`, or None when there is none (a hint; loading scans)."""
+    try:
+        return int((Path(root) / LATEST).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def prune_checkpoints(root: str | os.PathLike, keep: int) -> list[Path]:
+    """Delete complete checkpoints beyond the newest `keep`; returns what was deleted."""
+    if keep < 1:
+        raise ValueError(f"checkpoint keep must be >= 1, got {keep}")
+    doomed = [p for _, p in list_checkpoints(root)[:-keep]]
+    for path in doomed:
+        # Remove the marker first: an interrupted delete then reads as incomplete, not corrupt.
+        (path / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("pruned checkpoint %s", path)
+    return doomed
+
+
+def clean_partial_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Delete `.tmp-` entries and checkpoint directories without a marker.
+
+    Call at startup, before any save of this run: they are what crashed saves leave behind.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    doomed = [p for p in root.iterdir() if p.name.startswith(TMP_PREFIX)]
+    doomed += [p for _, p in _rollout_dirs(root) if not (p / MARKER).is_file()]
+    for path in doomed:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        log.info("removed partial checkpoint %s", path)
+    return doomed
+
+
+def _rollout_dirs(root: Path) -> list[tuple[int, Path]]:
+    found = []
+    for p in root.iterdir():
+        m = _DIR_RE.match(p.name)
+        if m and p.is_dir():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def _is_plain_json(value: Any) -> bool:
+    """True when JSON stores `value` exactly (tuples would come back as lists, so they don't count)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_is_plain_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain_json(v) for k, v in value.items())
+    return False
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same directory and os.replace, then fsync the directory."""
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{secrets.token_hex(4)}")
+    _write_bytes(tmp, data)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
