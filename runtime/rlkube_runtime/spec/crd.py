@@ -14,6 +14,8 @@ server rejects later.
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
 import yaml
@@ -44,7 +46,13 @@ class CRDSchemaError(ValueError):
 
 
 def crd_manifest() -> dict[str, Any]:
-    """The RLJob CustomResourceDefinition (apiextensions.k8s.io/v1) as a dict."""
+    """The RLJob CustomResourceDefinition (apiextensions.k8s.io/v1) as a dict (a fresh copy)."""
+    return copy.deepcopy(_crd_manifest())
+
+
+@functools.lru_cache(maxsize=1)
+def _crd_manifest() -> dict[str, Any]:
+    # Cached: the models cannot change within a process, and schema generation is the slow part.
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -74,12 +82,14 @@ def crd_manifest() -> dict[str, Any]:
     }
 
 
+@functools.lru_cache(maxsize=1)
 def render_crd_yaml() -> str:
     """The CRD as YAML, byte-for-byte what `crds/rlkube.io_rljobs.yaml` holds."""
     header = (
         f"# Generated from runtime/rlkube_runtime/spec by `{REGENERATE_COMMAND}`; do not edit by hand.\n"
     )
-    return header + yaml.safe_dump(crd_manifest(), sort_keys=False, default_flow_style=False, width=100)
+    # The pure-Python emitter on purpose: its output is the same whether or not libyaml is present.
+    return header + yaml.safe_dump(_crd_manifest(), sort_keys=False, default_flow_style=False, width=100)
 
 
 def root_schema() -> dict[str, Any]:

@@ -1,0 +1,237 @@
+"""The CRD in crds/ is generated from the models, is structural, carries every cross-field rule as
+CEL, and its CEL rules refuse exactly the specs the Python validators refuse."""
+
+from __future__ import annotations
+
+import copy
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from rlkube_runtime.spec import RLJobSpec, RLJobStatus
+from rlkube_runtime.spec.crd import CRD_FILE, REGENERATE_COMMAND, crd_manifest, render_crd_yaml
+from rlkube_runtime.spec.load import SpecError, _unwrap, load_rljobs, parse_rljob
+from rlkube_runtime.spec.rljob import ASYNC_PLACEMENT_RULE, BATCH_DIVISIBLE_RULE, BATCH_EQUATION_RULE
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _version() -> dict[str, Any]:
+    [version] = crd_manifest()["spec"]["versions"]
+    return version
+
+
+def _root() -> dict[str, Any]:
+    return _version()["schema"]["openAPIV3Schema"]
+
+
+def test_crd_file_is_up_to_date():
+    committed = (REPO / CRD_FILE).read_text(encoding="utf-8")
+    assert committed == render_crd_yaml(), f"{CRD_FILE} is stale: regenerate it with `{REGENERATE_COMMAND}`"
+
+
+def test_crd_yaml_parses_back_to_the_manifest():
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    assert yaml.load(render_crd_yaml(), Loader=loader) == crd_manifest()
+
+
+def test_names_scope_and_subresources():
+    crd = crd_manifest()
+    assert crd["metadata"]["name"] == "rljobs.rlkube.io"
+    names = crd["spec"]["names"]
+    assert (crd["spec"]["group"], names["kind"], names["plural"], names["shortNames"]) == ("rlkube.io", "RLJob", "rljobs", ["rlj"])
+    version = _version()
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+
+
+def test_printer_columns():
+    columns = {c["name"].upper(): c for c in _version()["additionalPrinterColumns"]}
+    assert {name: c["jsonPath"] for name, c in columns.items()} == {
+        "PHASE": ".status.phase",
+        "PROGRESS": ".status.progressText",
+        "REWARD": ".status.metrics.rewardMean",
+        "RESTARTS": ".status.restarts.job",
+        "AGE": ".metadata.creationTimestamp",
+        "RAYJOB": ".status.rayJobName",
+        "CHECKPOINT": ".status.lastCheckpoint.path",
+    }
+    assert {name for name, c in columns.items() if c.get("priority") == 1} == {"RAYJOB", "CHECKPOINT"}
+
+
+def _walk(node: dict[str, Any], path: str = ""):
+    yield path, node
+    for name, prop in node.get("properties", {}).items():
+        yield from _walk(prop, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural():
+    for path, node in _walk(_root()):
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields") is True, f"{path} has no type"
+        for forbidden in ("$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "nullable", "title", "const"):
+            assert forbidden not in node, f"{path} has {forbidden}"
+        assert node.get("default", 0) is not None, f"{path} defaults to null"
+        if "properties" in node:
+            assert node["type"] == "object" and "additionalProperties" not in node, path
+        if isinstance(node.get("exclusiveMinimum"), (int, float)) and not isinstance(node["exclusiveMinimum"], bool):
+            pytest.fail(f"{path}: exclusiveMinimum must be the OpenAPI v3.0 boolean form")
+    # Only name/generateName may be constrained under metadata.
+    assert _root()["properties"]["metadata"] == {"type": "object"}
+
+
+def test_every_spec_and_status_field_is_described():
+    for top in ("spec", "status"):
+        for path, node in _walk(_root()["properties"][top], top):
+            if path.endswith("{}") or (path.endswith("[]") and "properties" not in node):
+                continue  # map values and untyped list items: described by their map or list
+            assert node.get("description"), f"{path} has no description"
+
+
+def _rules_at(dotted: str) -> list[dict[str, str]]:
+    node = _root()
+    for part in dotted.split("."):
+        node = node["properties"][part]
+    return node.get("x-kubernetes-validations", [])
+
+
+def test_crd_carries_every_cross_field_rule():
+    assert _rules_at("spec") == [BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE]
+    assert BATCH_EQUATION_RULE["rule"].startswith("!has(self.training.globalBatchSize) || ")
+    assert "messageExpression" in BATCH_EQUATION_RULE
+    rules = {where: " ".join(r["rule"] for r in _rules_at(where)) for where in
+             ("spec.model", "spec.rollout", "spec.reward", "spec.algorithm", "spec.algorithm.tis")}
+    assert "has(self.hfCheckpoint) || has(self.preset) || has(self.load)" in rules["spec.model"]
+    assert "self.overSamplingBatchSize > self.batchSize" in rules["spec.rollout"]
+    assert "self.type != 'custom' || has(self.customPath)" in rules["spec.reward"]
+    assert "self.type != 'remote' || has(self.url)" in rules["spec.reward"]
+    assert "self.epsClipHigh >= self.epsClip" in rules["spec.algorithm"]
+    assert "self.clipLow <= self.clip" in rules["spec.algorithm.tis"]
+
+
+def test_cel_rules_live_outside_lists():
+    """A rule under an unbounded list is multiplied by its possible length in the API server's
+    cost estimate; keeping rules on singleton nodes keeps every rule's cost constant."""
+    for path, node in _walk(_root()):
+        if "x-kubernetes-validations" in node:
+            assert "[]" not in path and "{}" not in path, path
+
+
+def _check_defaults(model: type[BaseModel], schema: dict[str, Any], where: str) -> None:
+    props = schema["properties"]
+    for name, field in model.model_fields.items():
+        alias = field.alias or name
+        prop = props[alias]
+        where_field = f"{where}.{alias}"
+        assert (alias in schema.get("required", [])) == field.is_required(), where_field
+        nested = _unwrap(field.annotation)
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            if field.default_factory is nested:
+                assert prop.get("default") == {}, where_field
+            _check_defaults(nested, prop, where_field)
+            continue
+        item = (getattr(nested, "__args__", None) or [None])[0]
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            _check_defaults(item, prop["items"], f"{where_field}[]")
+        if field.default is PydanticUndefined or field.default is None:
+            assert "default" not in prop, f"{where_field}: the model has no default but the CRD does"
+        else:
+            expected = field.default.value if isinstance(field.default, Enum) else field.default
+            assert prop.get("default") == expected, where_field
+
+
+def test_crd_defaults_match_model_defaults():
+    _check_defaults(RLJobSpec, _root()["properties"]["spec"], "spec")
+    _check_defaults(RLJobStatus, _root()["properties"]["status"], "status")
+
+
+# --- CEL semantics: the API server's rules agree with the Python validators -----------------------
+
+celpy = pytest.importorskip("celpy", reason="cel-python evaluates the CRD's CEL rules")
+_PROGRAMS: dict[str, Any] = {}
+_ENV: list[Any] = []
+
+
+def _cel(expr: str, value: Any) -> Any:
+    if expr not in _PROGRAMS:
+        if not _ENV:
+            _ENV.append(celpy.Environment())  # builds the CEL parser: do it once
+        env = _ENV[0]
+        _PROGRAMS[expr] = env.program(env.compile(expr))
+    return _PROGRAMS[expr].evaluate({"self": celpy.json_to_cel(value)})
+
+
+def _default(schema: dict[str, Any], value: Any) -> Any:
+    """Apply CRD defaults as the API server does before validation."""
+    if isinstance(value, dict) and "properties" in schema:
+        for name, prop in schema["properties"].items():
+            if name not in value and "default" in prop:
+                value[name] = copy.deepcopy(prop["default"])
+            if name in value:
+                value[name] = _default(prop, value[name])
+    elif isinstance(value, list) and "items" in schema:
+        value = [_default(schema["items"], v) for v in value]
+    return value
+
+
+def _cel_failures(schema: dict[str, Any], value: Any, path: str) -> list[tuple[str, str]]:
+    failures = []
+    if isinstance(value, dict):
+        for rule in schema.get("x-kubernetes-validations", []):
+            if not bool(_cel(rule["rule"], value)):
+                message = str(_cel(rule["messageExpression"], value)) if "messageExpression" in rule else rule["message"]
+                failures.append((path + rule.get("fieldPath", ""), message))
+        for name, prop in schema.get("properties", {}).items():
+            if name in value:
+                failures += _cel_failures(prop, value[name], f"{path}.{name}")
+    return failures
+
+
+def _spec_cel_failures(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    schema = _root()["properties"]["spec"]
+    return _cel_failures(schema, _default(schema, copy.deepcopy(doc["spec"])), "spec")
+
+
+# (spec sections replaced, expected path, messages identical in CEL and Python: CEL prints
+# doubles its own way, so only messages without floats are compared)
+CROSS_FIELD_CASES = [
+    ({"rollout": {"batchSize": 32, "nSamplesPerPrompt": 8}}, "spec.training.globalBatchSize", True),
+    ({"training": {"numRollout": 5, "numStepsPerRollout": 3}}, "spec.training.numStepsPerRollout", True),
+    ({"training": {"numRollout": 5, "globalBatchSize": 128, "mode": "async"}}, "spec.training.mode", True),
+    ({"algorithm": {"epsClipHigh": 0.1}}, "spec.algorithm.epsClipHigh", False),
+    ({"algorithm": {"tis": {"clip": 1.5, "clipLow": 2.0}}}, "spec.algorithm.tis.clipLow", False),
+    ({"rollout": {"batchSize": 16, "overSamplingBatchSize": 16}}, "spec.rollout.overSamplingBatchSize", True),
+    ({"rollout": {"batchSize": 16, "topK": 0}}, "spec.rollout.topK", True),
+    ({"reward": {"type": "custom"}}, "spec.reward.customPath", True),
+    ({"reward": {"type": "remote"}}, "spec.reward.url", True),
+    ({"model": {"dtype": "float32"}}, "spec.model", True),
+]
+
+
+@pytest.mark.parametrize(("changes", "path", "same_message"), CROSS_FIELD_CASES, ids=[c[1] for c in CROSS_FIELD_CASES])
+def test_cel_and_python_refuse_the_same_spec(good_doc, changes, path, same_message):
+    good_doc["spec"].update(changes)
+    cel = _spec_cel_failures(good_doc)
+    with pytest.raises(SpecError) as info:
+        parse_rljob(good_doc)
+    python = info.value.errors
+    assert [p for p, _ in cel] == [path] and [p for p, _ in python] == [path]
+    if same_message:
+        assert cel == python
+
+
+def test_cel_accepts_every_valid_spec(good_doc):
+    assert _spec_cel_failures(good_doc) == []
+    good_doc["spec"]["training"].pop("globalBatchSize")
+    assert _spec_cel_failures(good_doc) == []
+    for path in sorted((REPO / "manifests" / "examples").glob("*.yaml")):
+        for job in load_rljobs(path):
+            assert _spec_cel_failures(job.to_manifest()) == [], path.name

@@ -1,0 +1,177 @@
+"""Broken RLJobs: each is refused with the field path in the user's camelCase names and a message
+that says the value and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rlkube_runtime.cli import main as rlkube
+from rlkube_runtime.spec.load import SpecError, load_rljobs, parse_rljob
+
+
+def _set(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+def _delete(doc: dict[str, Any], dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    node = doc
+    for key in parents:
+        node = node[key]
+    del node[leaf]
+
+
+BATCH_MESSAGE = "rollout.batchSize(32) x nSamplesPerPrompt(8) = 256 but globalBatchSize(128) x numStepsPerRollout(1) = 128"
+
+# (case id, changes {dotted path: value, or None to delete}, expected error path, expected message fragment)
+BROKEN = [
+    ("batch-equation", {"spec.rollout.batchSize": 32}, "spec.training.globalBatchSize", BATCH_MESSAGE),
+    (
+        "batch-not-divisible",
+        {"spec.training.globalBatchSize": None, "spec.training.numStepsPerRollout": 3},
+        "spec.training.numStepsPerRollout",
+        "rollout.batchSize(16) x nSamplesPerPrompt(8) = 128 samples cannot be split into numStepsPerRollout(3)",
+    ),
+    ("unknown-field", {"spec.rollout.batchSz": 16}, "spec.rollout.batchSz", "unknown field (did you mean 'batchSize'?)"),
+    ("snake-case-key", {"spec.rollout.max_turns": 2}, "spec.rollout.max_turns", "unknown field (did you mean 'maxTurns'?)"),
+    (
+        "eps-clip-high-below-eps-clip",
+        {"spec.algorithm": {"epsClip": 0.2, "epsClipHigh": 0.1}},
+        "spec.algorithm.epsClipHigh",
+        "epsClipHigh(0.1) must be >= epsClip(0.2)",
+    ),
+    (
+        "over-sampling-not-above-batch",
+        {"spec.rollout.overSamplingBatchSize": 16},
+        "spec.rollout.overSamplingBatchSize",
+        "overSamplingBatchSize(16) must be greater than batchSize(16)",
+    ),
+    ("async-colocated", {"spec.training.mode": "async"}, "spec.training.mode", "set resources.placement: separate"),
+    (
+        "bad-enum",
+        {"spec.algorithm": {"advantageEstimator": "ppo2"}},
+        "spec.algorithm.advantageEstimator",
+        "invalid value 'ppo2'; allowed values: 'grpo', 'gspo', 'reinforce_plus_plus', 'reinforce_plus_plus_baseline' or 'ppo'",
+    ),
+    ("negative-lr", {"spec.training.optimizer.lr": -1e-3}, "spec.training.optimizer.lr", "must be greater than 0, got -0.001"),
+    ("custom-reward-without-path", {"spec.reward": {"type": "custom"}}, "spec.reward.customPath", "needs customPath"),
+    ("remote-reward-without-url", {"spec.reward": {"type": "remote"}}, "spec.reward.url", "needs url"),
+    ("no-starting-weights", {"spec.model": {}}, "spec.model", "set at least one of hfCheckpoint, preset or load"),
+    ("string-for-integer", {"spec.rollout.nSamplesPerPrompt": "8"}, "spec.rollout.nSamplesPerPrompt", "must be a valid integer, got '8'"),
+    (
+        "malformed-callable-path",
+        {"spec.rollout.customGenerateFunction": "my_pkg.generate"},
+        "spec.rollout.customGenerateFunction",
+        "must name a Python callable as 'package.module:function'",
+    ),
+    ("bad-data-path", {"spec.data.promptData": "prompts.csv"}, "spec.data.promptData", "got 'prompts.csv'"),
+    ("top-k-zero", {"spec.rollout.topK": 0}, "spec.rollout.topK", "topK must be -1 (disabled) or at least 1"),
+    ("top-p-zero", {"spec.rollout.topP": 0.0}, "spec.rollout.topP", "must be greater than 0"),
+    ("tis-clip-low-above-clip", {"spec.algorithm": {"tis": {"clip": 1.5, "clipLow": 2.0}}}, "spec.algorithm.tis.clipLow", "clipLow(2.0) must be <= clip(1.5)"),
+    (
+        "duplicate-eval-dataset",
+        {"spec.eval": {"datasets": [{"name": "a", "path": "a.jsonl"}, {"name": "a", "path": "b.jsonl"}]}},
+        "spec.eval.datasets[1].name",
+        "duplicate dataset name 'a'",
+    ),
+    ("missing-required", {"spec.training.numRollout": None}, "spec.training.numRollout", "required field is missing"),
+    ("missing-name", {"metadata.name": None}, "metadata.name", "required field is missing"),
+    ("invalid-name", {"metadata.name": "Local_Tiny"}, "metadata.name", "is not a valid object name"),
+    ("section-not-a-mapping", {"spec.resources.trainer": [1]}, "spec.resources.trainer", "must be a mapping, got a list"),
+    ("free-args-nested", {"spec.rollout.sglangArgs": {"x": {"y": 1}}}, "spec.rollout.sglangArgs.x", "must be a string, number or boolean"),
+]
+
+
+@pytest.mark.parametrize(("changes", "path", "fragment"), [c[1:] for c in BROKEN], ids=[c[0] for c in BROKEN])
+def test_broken_spec_names_the_field(good_doc, spec_errors, changes, path, fragment):
+    for dotted, value in changes.items():
+        _delete(good_doc, dotted) if value is None else _set(good_doc, dotted, value)
+    errors = spec_errors(good_doc)
+    messages = {p: m for p, m in errors}
+    assert path in messages, f"expected an error at {path}, got {errors}"
+    assert fragment in messages[path]
+
+
+def test_batch_equation_message_is_exact(good_doc):
+    good_doc["spec"]["rollout"]["batchSize"] = 32
+    with pytest.raises(SpecError) as info:
+        parse_rljob(good_doc)
+    assert str(info.value) == f"spec.training.globalBatchSize: {BATCH_MESSAGE}"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("kind", "RayJob", ("kind", "must be 'RLJob', got 'RayJob'")),
+        ("apiVersion", "rlkube.io/v1", ("apiVersion", "must be 'rlkube.io/v1alpha1', got 'rlkube.io/v1'")),
+        ("kind", None, ("kind", "required field is missing; must be 'RLJob'")),
+    ],
+)
+def test_wrong_kind_or_api_version_is_the_only_error(good_doc, spec_errors, key, value, expected):
+    good_doc["spec"] = {"unrelated": True}  # a different kind's spec must not add noise
+    if value is None:
+        del good_doc[key]
+    else:
+        good_doc[key] = value
+    assert spec_errors(good_doc) == [expected]
+
+
+def test_every_violation_is_reported_at_once(good_doc, spec_errors):
+    good_doc["spec"]["rollout"]["batchSize"] = 32
+    good_doc["spec"]["training"]["mode"] = "async"
+    paths = [p for p, _ in spec_errors(good_doc)]
+    assert paths == ["spec.training.globalBatchSize", "spec.training.mode"]
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: rlkube.io/v1alpha1\nkind: RLJob\nmetadata:\n  name: x\n bad: [\n")
+    with pytest.raises(SpecError) as info:
+        load_rljobs(bad)
+    assert info.value.source == str(bad)
+    assert info.value.errors[0][0] == "line 5, column 2"
+    assert rlkube(["validate", str(bad)]) == 1
+    assert f"{bad}: line 5, column 2: invalid YAML:" in capsys.readouterr().err
+
+
+def test_duplicate_key_is_an_error_not_last_wins(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("apiVersion: rlkube.io/v1alpha1\nkind: RLJob\nmetadata:\n  name: a\n  name: b\nspec: {}\n")
+    with pytest.raises(SpecError, match="line 5, column 3: invalid YAML: found duplicate key 'name'"):
+        load_rljobs(dup)
+
+
+def test_validate_reports_each_document(tmp_path, capsys, good_doc):
+    import yaml
+
+    broken = {**good_doc, "metadata": {"name": "broken"}}
+    broken["spec"] = {**good_doc["spec"], "rollout": {**good_doc["spec"]["rollout"], "batchSz": 1}}
+    path = tmp_path / "jobs.yaml"
+    # An empty document between the two is skipped but keeps its number.
+    path.write_text(yaml.safe_dump(good_doc) + "---\n---\n" + yaml.safe_dump(broken))
+    assert rlkube(["validate", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"{path}: doc 1 (good): ok\n"
+    assert f"{path}: doc 3 (broken): spec.rollout.batchSz: unknown field (did you mean 'batchSize'?)" in err
+
+
+def test_validate_missing_file_fails(tmp_path, capsys):
+    assert rlkube(["validate", str(tmp_path / "nope.yaml")]) == 1
+    assert "nope.yaml: cannot read file" in capsys.readouterr().err
+
+
+def test_load_rljobs_labels_errors_with_the_document(tmp_path, good_doc):
+    import yaml
+
+    good_doc["spec"]["rollout"]["batchSize"] = 32
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(good_doc))
+    with pytest.raises(SpecError) as info:
+        load_rljobs(path)
+    assert info.value.errors == [("doc 1 (good): spec.training.globalBatchSize", BATCH_MESSAGE)]
