@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class PluginLoadError(ImportError):

@@ -44,7 +44,9 @@ def register_builtin_dataset(name: str, factory: BuiltinFactory) -> BuiltinFacto
     taken name is an error, so two tasks cannot silently shadow each other.
     """
     if not name or name != name.strip() or ":" in name:
-        raise ValueError(f"builtin dataset name must be non-empty without ':' or spaces, got {name!r}")
+        raise ValueError(
+            f"builtin dataset name must be non-empty without ':' or spaces, got {name!r}"
+        )
     existing = _BUILTIN_DATASETS.get(name)
     if existing is not None and existing is not factory:
         raise ValueError(f"builtin dataset {name!r} is already registered by {existing!r}")
@@ -169,9 +171,7 @@ def _read_jsonl(path: pathlib.Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
                     "be one JSON object."
                 ) from None
             if not isinstance(record, dict):
-                raise DatasetError(
-                    f"{where}: expected a JSON object, got {type(record).__name__}."
-                )
+                raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}.")
             yield where, record
 
 
@@ -183,7 +183,9 @@ def _read_parquet(
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for unreadable files
-        raise DatasetError(f"{path}: cannot read as Parquet ({type(exc).__name__}: {exc}).") from exc
+        raise DatasetError(
+            f"{path}: cannot read as Parquet ({type(exc).__name__}: {exc})."
+        ) from exc
     missing = [k for k in required if k not in table.column_names]
     if missing:
         raise DatasetError(
@@ -209,19 +211,35 @@ def _record_to_sample(
     apply_chat_template: bool,
     chat_template_kwargs: dict[str, Any],
 ) -> Sample:
-    raw_prompt = _prompt_field(_required(record, input_key, where, "data.inputKey"), where, input_key)
+    raw_prompt = _prompt_field(
+        _required(record, input_key, where, "data.inputKey"), where, input_key
+    )
     label = _required(record, label_key, where, "data.labelKey") if label_key else None
     metadata = _json_field(record.get(metadata_key), where, metadata_key, dict) or {}
     tools = _json_field(record.get(tools_key), where, tools_key, list)
     if tools is not None and not all(isinstance(t, dict) for t in tools):
         raise DatasetError(f"{where}: {tools_key!r} must be a list of tool schema objects.")
 
+    for key, value in (
+        (input_key, raw_prompt),
+        (label_key, label),
+        (metadata_key, metadata),
+        (tools_key, tools),
+    ):
+        _check_json_safe(value, where, key)
+
     prompt: str | list[dict[str, Any]] = raw_prompt
     if apply_chat_template:
-        messages = [{"role": "user", "content": raw_prompt}] if isinstance(raw_prompt, str) else raw_prompt
+        messages = (
+            [{"role": "user", "content": raw_prompt}] if isinstance(raw_prompt, str) else raw_prompt
+        )
         try:
             prompt = tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
+                messages,
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=True,
+                **chat_template_kwargs,
             )
         except Exception as exc:  # jinja raises TemplateError, templates may raise anything
             raise DatasetError(
@@ -242,8 +260,10 @@ def _required(record: Mapping[str, Any], key: str, where: str, field: str) -> An
 def _prompt_field(value: Any, where: str, key: str) -> str | list[dict[str, Any]]:
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) for m in value
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
     ):
         # Parquet struct columns give every message every key seen in the column (None when
         # absent); chat templates test `'tool_calls' in message`, so the Nones are dropped.
@@ -262,13 +282,26 @@ def _json_field(value: Any, where: str, key: str, expected: type) -> Any:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"{where}: {key!r} is a string but not valid JSON ({exc.msg}).") from None
+            raise DatasetError(
+                f"{where}: {key!r} is a string but not valid JSON ({exc.msg})."
+            ) from None
     if not isinstance(value, expected):
         raise DatasetError(
             f"{where}: {key!r} must be a JSON {expected.__name__} "
             f"({'object' if expected is dict else 'array'}), got {type(value).__name__} {_preview(value)}."
         )
     return value
+
+
+def _check_json_safe(value: Any, where: str, key: str | None) -> None:
+    """Samples travel as JSON (checkpointed buffers, Ray); Parquet can hold timestamps or bytes."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise DatasetError(
+            f"{where}: {key!r} holds a value JSON cannot represent ({exc}); convert it to a "
+            "string or number in the data set."
+        ) from None
 
 
 def _preview(value: Any, limit: int = 60) -> str:

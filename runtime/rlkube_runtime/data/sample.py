@@ -90,7 +90,9 @@ class Sample:
         for name in ("loss_mask", "rollout_log_probs"):
             values = getattr(self, name)
             if values is not None and len(values) != self.response_length:
-                problems.append(f"len({name})={len(values)} != response_length {self.response_length}")
+                problems.append(
+                    f"len({name})={len(values)} != response_length {self.response_length}"
+                )
         if problems:
             raise ValueError(
                 f"sample index={self.index} group_index={self.group_index}: "

@@ -39,7 +39,9 @@ class PromptSource:
     ) -> None:
         if not prompts:
             raise ValueError("PromptSource needs at least one prompt; the prompt set is empty.")
-        valid_n = isinstance(n_samples_per_prompt, int) and not isinstance(n_samples_per_prompt, bool)
+        valid_n = isinstance(n_samples_per_prompt, int) and not isinstance(
+            n_samples_per_prompt, bool
+        )
         if not valid_n or n_samples_per_prompt < 1:
             raise ValueError(
                 f"n_samples_per_prompt must be an integer >= 1, got {n_samples_per_prompt!r}."
@@ -139,7 +141,9 @@ class PromptSource:
         }
         changed = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
         if changed:
-            details = "; ".join(f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in changed.items())
+            details = "; ".join(
+                f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in changed.items()
+            )
             raise ValueError(
                 f"cannot resume the prompt source: {details}. Resume with the same prompt data, "
                 "data.shuffle, data.seed and rollout.nSamplesPerPrompt, or start without the "
@@ -147,7 +151,9 @@ class PromptSource:
             )
         offset = state["offset"]
         if not 0 <= offset <= len(self._prompts):
-            raise ValueError(f"prompt source state offset {offset} is outside 0..{len(self._prompts)}.")
+            raise ValueError(
+                f"prompt source state offset {offset} is outside 0..{len(self._prompts)}."
+            )
         self.epoch = state["epoch"]
         self.offset = offset
         self.next_group_index = state["next_group_index"]
@@ -161,7 +167,9 @@ class PromptSource:
             digest = hashlib.sha256()
             for s in self._prompts:
                 digest.update(
-                    json.dumps([s.prompt, s.label, s.metadata], sort_keys=True, default=repr).encode()
+                    json.dumps(
+                        [s.prompt, s.label, s.metadata], sort_keys=True, default=repr
+                    ).encode()
                 )
             self._fingerprint = digest.hexdigest()
         return self._fingerprint

@@ -192,7 +192,7 @@ class _Scorer:
                 config.url, timeout_seconds=config.timeout_seconds, max_retries=config.max_retries
             )
 
-    async def __aenter__(self) -> _Scorer:
+    async def __aenter__(self) -> _Scorer:  # noqa: PYI034
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -81,7 +81,7 @@ class RemoteRewardClient:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> RemoteRewardClient:
+    async def __aenter__(self) -> RemoteRewardClient:  # noqa: PYI034
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

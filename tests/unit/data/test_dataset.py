@@ -9,15 +9,14 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer, models
-from transformers import PreTrainedTokenizerFast
-
 from rlkube_runtime.data import (
     DatasetError,
     load_prompt_dataset,
     load_prompt_dataset_from_spec,
     register_builtin_dataset,
 )
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
 
 # A real transformers tokenizer whose template renders tools and every message role, so the
 # templated text shows what reached the template.
@@ -75,7 +74,9 @@ def test_label_key_none_loads_a_prompt_set_without_labels(tmp_path):
     assert load_prompt_dataset(path, label_key=None)[0].label is None
 
 
-def test_chat_template_wraps_a_text_prompt_as_a_user_message_and_keeps_the_raw_prompt(tmp_path, tokenizer):
+def test_chat_template_wraps_a_text_prompt_as_a_user_message_and_keeps_the_raw_prompt(
+    tmp_path, tokenizer
+):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "1+1?", "label": "2"}])
     [sample] = load_prompt_dataset(path, tokenizer=tokenizer, apply_chat_template=True)
     assert sample.prompt == "<user>1+1?</user><assistant>"
@@ -89,7 +90,9 @@ def test_chat_template_keeps_tool_messages_and_passes_tools(tmp_path, tokenizer)
         {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc"}}]},
         {"role": "tool", "content": "4"},
     ]
-    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": messages, "label": "4", "tools": [CALC_TOOL]}])
+    path = write_jsonl(
+        tmp_path / "p.jsonl", [{"prompt": messages, "label": "4", "tools": [CALC_TOOL]}]
+    )
     [sample] = load_prompt_dataset(path, tokenizer=tokenizer, apply_chat_template=True)
     assert sample.prompt == (
         "[tools:calc;]<system>be brief</system><user>2+2?</user>"
@@ -123,7 +126,9 @@ def test_parquet_rows_load_with_message_lists_and_struct_nones_dropped(tmp_path,
         ]
     )
     pq.write_table(table, tmp_path / "p.parquet")
-    samples = load_prompt_dataset(tmp_path / "p.parquet", tokenizer=tokenizer, apply_chat_template=True)
+    samples = load_prompt_dataset(
+        tmp_path / "p.parquet", tokenizer=tokenizer, apply_chat_template=True
+    )
     # Parquet adds "name": None to the first row's message; it must not reach the template.
     assert samples[0].raw_prompt == [{"role": "user", "content": "a"}]
     assert samples[1].raw_prompt[1] == {"role": "tool", "content": "out", "name": "calc"}
@@ -148,9 +153,15 @@ def test_from_spec_reads_the_data_spec_by_attribute(tmp_path, tokenizer):
 
 
 def test_builtin_prefix_loads_a_registered_task_through_the_same_checks():
-    register_builtin_dataset("test-count", lambda: [{"prompt": f"count {i}", "label": str(i)} for i in range(3)])
+    register_builtin_dataset(
+        "test-count", lambda: [{"prompt": f"count {i}", "label": str(i)} for i in range(3)]
+    )
     samples = load_prompt_dataset("builtin:test-count")
-    assert [(s.prompt, s.label) for s in samples] == [("count 0", "0"), ("count 1", "1"), ("count 2", "2")]
+    assert [(s.prompt, s.label) for s in samples] == [
+        ("count 0", "0"),
+        ("count 1", "1"),
+        ("count 2", "2"),
+    ]
 
 
 def test_the_projects_builtin_tasks_load_without_importing_their_module_first(tmp_path):
@@ -162,7 +173,10 @@ def test_the_projects_builtin_tasks_load_without_importing_their_module_first(tm
 
 def test_unknown_builtin_name_lists_the_known_ones():
     register_builtin_dataset("test-known", lambda: [{"prompt": "p", "label": "l"}])
-    with pytest.raises(DatasetError, match=r"unknown built-in prompt set builtin:nope; known: \[.*'builtin:digit-successor'.*'builtin:test-known'"):
+    with pytest.raises(
+        DatasetError,
+        match=r"unknown built-in prompt set builtin:nope; known: \[.*'builtin:digit-successor'.*'builtin:test-known'",
+    ):
         load_prompt_dataset("builtin:nope")
 
 
@@ -173,7 +187,7 @@ def test_registering_a_different_factory_under_a_taken_name_fails():
     register_builtin_dataset("test-taken", factory)
     register_builtin_dataset("test-taken", factory)  # same factory again: a module reload
     with pytest.raises(ValueError, match="already registered"):
-        register_builtin_dataset("test-taken", lambda: [])
+        register_builtin_dataset("test-taken", list)
 
 
 def test_a_bad_builtin_record_is_named_by_task_and_record_number():
@@ -203,7 +217,9 @@ def test_empty_prompt_set_is_an_error(tmp_path):
 
 
 def test_malformed_json_names_the_line(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "label": "1"}, '{"prompt": "b", "label": '])
+    path = write_jsonl(
+        tmp_path / "p.jsonl", [{"prompt": "a", "label": "1"}, '{"prompt": "b", "label": ']
+    )
     with pytest.raises(DatasetError, match=r"p\.jsonl line 2: malformed JSON"):
         load_prompt_dataset(path)
 
@@ -215,36 +231,68 @@ def test_a_line_that_is_not_an_object_is_rejected(tmp_path):
 
 
 def test_missing_key_names_the_line_the_key_and_the_setting(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "label": "1"}, {"prompt": "b"}, {"prompt": "c"}])
-    with pytest.raises(DatasetError, match=r"line 2: missing key 'label' \(keys present: \['prompt'\]\); set data\.labelKey"):
+    path = write_jsonl(
+        tmp_path / "p.jsonl", [{"prompt": "a", "label": "1"}, {"prompt": "b"}, {"prompt": "c"}]
+    )
+    with pytest.raises(
+        DatasetError,
+        match=r"line 2: missing key 'label' \(keys present: \['prompt'\]\); set data\.labelKey",
+    ):
         load_prompt_dataset(path)
 
 
 @pytest.mark.parametrize(
     "prompt, shown",
-    [(5, "int 5"), ([], "list \\[\\]"), (["hi"], "list \\['hi'\\]"), ([{"content": "no role"}], "list")],
+    [
+        (5, "int 5"),
+        ([], "list \\[\\]"),
+        (["hi"], "list \\['hi'\\]"),
+        ([{"content": "no role"}], "list"),
+    ],
 )
 def test_prompt_of_the_wrong_type_is_rejected_with_its_value(tmp_path, prompt, shown):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": prompt, "label": "1"}])
-    with pytest.raises(DatasetError, match=rf"line 1: 'prompt' must be a string or a non-empty list of messages.*got {shown}"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"line 1: 'prompt' must be a string or a non-empty list of messages.*got {shown}",
+    ):
         load_prompt_dataset(path)
 
 
 def test_metadata_that_is_not_an_object_is_rejected(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "label": "1", "metadata": [1, 2]}])
-    with pytest.raises(DatasetError, match=r"line 1: 'metadata' must be a JSON dict \(object\), got list"):
+    with pytest.raises(
+        DatasetError, match=r"line 1: 'metadata' must be a JSON dict \(object\), got list"
+    ):
         load_prompt_dataset(path)
 
 
 def test_tools_that_are_not_a_list_of_objects_are_rejected(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "label": "1", "tools": ["calc"]}])
-    with pytest.raises(DatasetError, match=r"line 1: 'tools' must be a list of tool schema objects"):
+    with pytest.raises(
+        DatasetError, match=r"line 1: 'tools' must be a list of tool schema objects"
+    ):
         load_prompt_dataset(path)
 
 
 def test_parquet_missing_column_lists_the_columns(tmp_path):
     pq.write_table(pa.Table.from_pylist([{"question": "a", "label": "1"}]), tmp_path / "p.parquet")
-    with pytest.raises(DatasetError, match=r"p\.parquet: missing column\(s\) \['prompt'\]; columns are \['question', 'label'\]"):
+    with pytest.raises(
+        DatasetError,
+        match=r"p\.parquet: missing column\(s\) \['prompt'\]; columns are \['question', 'label'\]",
+    ):
+        load_prompt_dataset(tmp_path / "p.parquet")
+
+
+def test_a_parquet_value_json_cannot_hold_is_rejected_at_load_time(tmp_path):
+    import datetime
+
+    rows = [{"prompt": "a", "label": "1", "metadata": {"when": datetime.datetime(2024, 1, 1)}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p.parquet")
+    with pytest.raises(
+        DatasetError,
+        match=r"p\.parquet row index 0: 'metadata' holds a value JSON cannot represent",
+    ):
         load_prompt_dataset(tmp_path / "p.parquet")
 
 
@@ -262,9 +310,20 @@ def test_chat_template_without_a_tokenizer_is_an_error(tmp_path):
 
 def test_a_failing_chat_template_names_the_line(tmp_path):
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")), unk_token="<unk>"
+        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")),
+        unk_token="<unk>",
     )
-    tok.chat_template = "{{ raise_exception('no tool role here') if messages[-1]['role'] == 'tool' }}x"
-    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok", "label": "1"}, {"prompt": [{"role": "tool", "content": "4"}], "label": "1"}])
-    with pytest.raises(DatasetError, match=r"line 2: the tokenizer's chat template failed .*no tool role here"):
+    tok.chat_template = (
+        "{{ raise_exception('no tool role here') if messages[-1]['role'] == 'tool' }}x"
+    )
+    path = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"prompt": "ok", "label": "1"},
+            {"prompt": [{"role": "tool", "content": "4"}], "label": "1"},
+        ],
+    )
+    with pytest.raises(
+        DatasetError, match=r"line 2: the tokenizer's chat template failed .*no tool role here"
+    ):
         load_prompt_dataset(path, tokenizer=tok, apply_chat_template=True)

@@ -4,14 +4,20 @@ that continues exactly where an uninterrupted run would be."""
 import json
 
 import pytest
-
 from rlkube_runtime.data import PromptSource, Sample
 
 PROMPTS = [f"p{i}" for i in range(7)]
 
 
-def make_source(n: int = 2, *, shuffle: bool = True, seed: int = 11, prompts=PROMPTS) -> PromptSource:
-    return PromptSource([Sample(prompt=p, label=p.upper()) for p in prompts], n_samples_per_prompt=n, shuffle=shuffle, seed=seed)
+def make_source(
+    n: int = 2, *, shuffle: bool = True, seed: int = 11, prompts=PROMPTS
+) -> PromptSource:
+    return PromptSource(
+        [Sample(prompt=p, label=p.upper()) for p in prompts],
+        n_samples_per_prompt=n,
+        shuffle=shuffle,
+        seed=seed,
+    )
 
 
 def trace(groups: list[list[Sample]]) -> list[tuple]:
@@ -89,7 +95,9 @@ def test_a_request_smaller_than_the_buffer_leaves_the_rest_buffered():
 def test_add_samples_rejects_a_group_of_the_wrong_size():
     source = make_source(n=2)
     group = source.get_samples(1)[0]
-    with pytest.raises(ValueError, match=r"group 0 has 1 samples; every group must have n_samples_per_prompt=2"):
+    with pytest.raises(
+        ValueError, match=r"group 0 has 1 samples; every group must have n_samples_per_prompt=2"
+    ):
         source.add_samples([group[:1]])
 
 
@@ -159,7 +167,8 @@ def test_resumed_buffer_keeps_the_partial_rollout_of_the_handed_back_group():
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     [group] = resumed.get_samples(1)
     assert all(
-        (s.response, s.tokens, s.status, s.weight_versions) == ("partial from step 1", [1, 2, 3], Sample.Status.ABORTED, ["1"])
+        (s.response, s.tokens, s.status, s.weight_versions)
+        == ("partial from step 1", [1, 2, 3], Sample.Status.ABORTED, ["1"])
         for s in group
     )
     assert group[0].group_index == 5  # the last group of rollout 1
@@ -177,11 +186,11 @@ def test_resume_at_an_epoch_boundary_starts_the_next_epoch():
 @pytest.mark.parametrize(
     "change, named",
     [
-        (dict(prompts=PROMPTS[:-1]), "prompts_fingerprint"),
-        (dict(prompts=PROMPTS[:-1] + ["other"]), "prompts_fingerprint"),
-        (dict(seed=12), "seed: saved 11, now 12"),
-        (dict(shuffle=False), "shuffle: saved True, now False"),
-        (dict(n=4), "n_samples_per_prompt: saved 2, now 4"),
+        ({"prompts": PROMPTS[:-1]}, "prompts_fingerprint"),
+        ({"prompts": PROMPTS[:-1] + ["other"]}, "prompts_fingerprint"),
+        ({"seed": 12}, "seed: saved 11, now 12"),
+        ({"shuffle": False}, "shuffle: saved True, now False"),
+        ({"n": 4}, "n_samples_per_prompt: saved 2, now 4"),
     ],
 )
 def test_loading_state_saved_over_other_prompts_or_settings_is_refused(change, named):
@@ -189,3 +198,14 @@ def test_loading_state_saved_over_other_prompts_or_settings_is_refused(change, n
     first.get_samples(2)
     with pytest.raises(ValueError, match=rf"cannot resume the prompt source: .*{named}"):
         make_source(**change).load_state_dict(first.state_dict())
+
+
+def test_from_spec_builds_a_source_from_the_rljob_data_spec():
+    from rlkube_runtime.spec.data import DataSpec
+
+    spec = DataSpec.model_validate({"promptData": "builtin:digit-successor", "seed": 3})
+    source = PromptSource.from_spec(spec, n_samples_per_prompt=4)
+    groups = source.get_samples(10)
+    assert len(source) == 10 and source.seed == 3 and source.shuffle
+    assert sorted(g[0].prompt for g in groups) == [f"{d}>" for d in range(10)]
+    assert all(len(g) == 4 for g in groups)

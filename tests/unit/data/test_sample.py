@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from rlkube_runtime.data import Sample, SampleStatus
 
 
@@ -80,7 +79,10 @@ def test_check_lengths_names_each_per_token_field_that_disagrees():
     sample = _generated_sample()
     sample.loss_mask = [1, 1]
     sample.rollout_log_probs = [-1.0]
-    with pytest.raises(ValueError, match=r"index=13.*len\(loss_mask\)=2 != response_length 4.*len\(rollout_log_probs\)=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"index=13.*len\(loss_mask\)=2 != response_length 4.*len\(rollout_log_probs\)=1",
+    ):
         sample.check_lengths()
 
 

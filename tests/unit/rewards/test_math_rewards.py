@@ -1,7 +1,6 @@
 """math / dapo / deepscaler rewards on real strings; equivalence is math-verify's."""
 
 import pytest
-
 from rlkube_runtime.rewards import dapo_reward, deepscaler_reward, math_reward
 
 
@@ -87,7 +86,10 @@ def test_deepscaler_reads_the_boxed_answer_after_the_thinking():
 
 
 def test_deepscaler_accepts_the_response_marker_and_boxed_labels():
-    assert deepscaler_reward(r"prompt ###Response it is \boxed{\frac{2}{4}}", r"\boxed{\frac{1}{2}}") == 1.0
+    assert (
+        deepscaler_reward(r"prompt ###Response it is \boxed{\frac{2}{4}}", r"\boxed{\frac{1}{2}}")
+        == 1.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -107,7 +109,9 @@ def test_math_reward_works_off_the_main_thread_where_signal_timeouts_are_unavail
     import threading
 
     results = []
-    worker = threading.Thread(target=lambda: results.append(math_reward(r"\boxed{\frac{1}{2}}", "0.5")))
+    worker = threading.Thread(
+        target=lambda: results.append(math_reward(r"\boxed{\frac{1}{2}}", "0.5"))
+    )
     worker.start()
     worker.join()
     assert results == [1.0]

@@ -4,7 +4,6 @@ import itertools
 import textwrap
 
 import pytest
-
 from rlkube_runtime.plugins import PluginLoadError, call_plugin, load_callable
 
 _names = itertools.count()
@@ -30,18 +29,25 @@ def test_colon_and_dotted_paths_load_the_same_function(plugin_module):
 
 
 def test_an_attribute_path_after_the_colon_may_be_dotted(plugin_module):
-    mod = plugin_module("class Scorer:\n    @staticmethod\n    def score(x):\n        return 2 * x\n")
+    mod = plugin_module(
+        "class Scorer:\n    @staticmethod\n    def score(x):\n        return 2 * x\n"
+    )
     assert load_callable(f"{mod}:Scorer.score")(3) == 6
 
 
 def test_a_module_that_does_not_import_is_named_with_the_cause(plugin_module):
-    with pytest.raises(PluginLoadError, match=r"custom reward 'no_such_mod_x:f': importing module 'no_such_mod_x' failed with ModuleNotFoundError"):
+    with pytest.raises(
+        PluginLoadError,
+        match=r"custom reward 'no_such_mod_x:f': importing module 'no_such_mod_x' failed with ModuleNotFoundError",
+    ):
         load_callable("no_such_mod_x:f", what="custom reward")
 
 
 def test_an_error_raised_while_importing_the_module_is_reported(plugin_module):
     mod = plugin_module("raise RuntimeError('needs GPU')\n")
-    with pytest.raises(PluginLoadError, match=rf"importing module '{mod}' failed with RuntimeError: needs GPU"):
+    with pytest.raises(
+        PluginLoadError, match=rf"importing module '{mod}' failed with RuntimeError: needs GPU"
+    ):
         load_callable(f"{mod}:f")
 
 
@@ -57,7 +63,9 @@ def test_a_non_callable_target_is_refused(plugin_module):
         load_callable(f"{mod}:THRESHOLD")
 
 
-@pytest.mark.parametrize("path", ["", "   ", "justaname", "mod:", ":f", "mod:not-an-identifier", None])
+@pytest.mark.parametrize(
+    "path", ["", "   ", "justaname", "mod:", ":f", "mod:not-an-identifier", None]
+)
 def test_a_malformed_path_is_refused_with_the_expected_form(path):
     with pytest.raises(PluginLoadError, match="expected a path like 'package.module:function'"):
         load_callable(path)

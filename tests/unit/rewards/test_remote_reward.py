@@ -5,9 +5,13 @@ import socket
 
 import pytest
 from aiohttp import web
-
 from rlkube_runtime.data import Sample
-from rlkube_runtime.rewards import RemoteRewardClient, RemoteRewardError, compute_reward, compute_rewards
+from rlkube_runtime.rewards import (
+    RemoteRewardClient,
+    RemoteRewardError,
+    compute_reward,
+    compute_rewards,
+)
 
 
 class LocalServers:
@@ -60,7 +64,9 @@ async def test_the_server_receives_prompt_response_label_and_metadata(servers):
 
     url = await servers.start(handler)
     assert await compute_reward(sample(), reward_type="remote", url=url) == 1.0
-    assert received == [{"prompt": "2+2?", "response": "4", "label": "4", "metadata": {"task": "add"}}]
+    assert received == [
+        {"prompt": "2+2?", "response": "4", "label": "4", "metadata": {"task": "add"}}
+    ]
 
 
 async def test_an_object_answer_with_a_reward_key_is_accepted(servers):
@@ -86,7 +92,9 @@ async def test_a_server_that_fails_twice_then_answers_is_retried_until_it_answer
     assert calls == 3
 
 
-async def test_persistent_5xx_fails_after_max_retries_plus_one_attempts_naming_url_and_status(servers):
+async def test_persistent_5xx_fails_after_max_retries_plus_one_attempts_naming_url_and_status(
+    servers,
+):
     calls = 0
 
     async def handler(request):
@@ -96,7 +104,10 @@ async def test_persistent_5xx_fails_after_max_retries_plus_one_attempts_naming_u
 
     url = await servers.start(handler)
     async with fast_client(url, max_retries=2) as client:
-        with pytest.raises(RemoteRewardError, match=rf"reward server {url} failed 3 time\(s\) for sample index 7; last error: .*HTTP 500: 'boom'"):
+        with pytest.raises(
+            RemoteRewardError,
+            match=rf"reward server {url} failed 3 time\(s\) for sample index 7; last error: .*HTTP 500: 'boom'",
+        ):
             await client.score(sample())
     assert calls == 3
 
@@ -111,7 +122,10 @@ async def test_a_4xx_fails_at_once_naming_url_and_status(servers):
 
     url = await servers.start(handler)
     async with fast_client(url, max_retries=3) as client:
-        with pytest.raises(RemoteRewardError, match=rf"reward server {url} rejected the request with HTTP 422: 'missing field'"):
+        with pytest.raises(
+            RemoteRewardError,
+            match=rf"reward server {url} rejected the request with HTTP 422: 'missing field'",
+        ):
             await client.score(sample())
     assert calls == 1
 
@@ -142,7 +156,9 @@ async def test_a_slow_first_answer_is_retried_and_the_second_counts(servers):
             await servers.hang()
         return web.json_response(1.0)
 
-    async with fast_client(await servers.start(handler), timeout_seconds=0.2, max_retries=1) as client:
+    async with fast_client(
+        await servers.start(handler), timeout_seconds=0.2, max_retries=1
+    ) as client:
         assert await client.score(sample()) == 1.0
 
 
@@ -151,7 +167,9 @@ async def test_an_unreachable_server_fails_with_a_connection_error_after_retries
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     async with fast_client(f"http://127.0.0.1:{port}/reward", max_retries=1) as client:
-        with pytest.raises(RemoteRewardError, match=rf"127.0.0.1:{port}/reward failed 2 time\(s\).*Client\w*Error"):
+        with pytest.raises(
+            RemoteRewardError, match=rf"127.0.0.1:{port}/reward failed 2 time\(s\).*Client\w*Error"
+        ):
             await client.score(sample())
 
 
@@ -202,7 +220,9 @@ async def test_a_batch_shares_one_client_and_runs_requests_concurrently(servers)
 
 
 def test_client_settings_are_checked():
-    with pytest.raises(ValueError, match="must start with http:// or https://, got 'localhost:8000'"):
+    with pytest.raises(
+        ValueError, match="must start with http:// or https://, got 'localhost:8000'"
+    ):
         RemoteRewardClient("localhost:8000")
     with pytest.raises(ValueError, match="timeout_seconds must be > 0, got 0"):
         RemoteRewardClient("http://x", timeout_seconds=0)

@@ -6,7 +6,6 @@ import itertools
 import textwrap
 
 import pytest
-
 from rlkube_runtime.data import Sample
 from rlkube_runtime.plugins import PluginLoadError
 from rlkube_runtime.rewards import REWARD_TYPES, RewardConfig, compute_reward, compute_rewards
@@ -61,7 +60,10 @@ def rewards_module(tmp_path, monkeypatch):
 
 
 def group(group_index: int, responses: list[str], label="4") -> list[Sample]:
-    return [Sample(group_index=group_index, index=group_index * 10 + i, response=r, label=label) for i, r in enumerate(responses)]
+    return [
+        Sample(group_index=group_index, index=group_index * 10 + i, response=r, label=label)
+        for i, r in enumerate(responses)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -81,14 +83,30 @@ async def test_each_rule_type_dispatches_to_its_rule(reward_type, response, labe
 
 
 async def test_custom_functions_may_be_sync_or_async(rewards_module):
-    assert await compute_reward(Sample(response="abc"), reward_type="custom", custom_path=f"{rewards_module}:length") == 3.0
-    assert await compute_reward(Sample(response="yes"), reward_type="custom", custom_path=f"{rewards_module}:async_is_yes") == 1.0
+    assert (
+        await compute_reward(
+            Sample(response="abc"), reward_type="custom", custom_path=f"{rewards_module}:length"
+        )
+        == 3.0
+    )
+    assert (
+        await compute_reward(
+            Sample(response="yes"),
+            reward_type="custom",
+            custom_path=f"{rewards_module}:async_is_yes",
+        )
+        == 1.0
+    )
 
 
 async def test_a_per_sample_reward_fn_in_metadata_overrides_the_type(rewards_module):
     samples = [
         Sample(response=r"\boxed{4}", label="4"),
-        Sample(response=r"\boxed{4}", label="4", metadata={"reward_fn": f"{rewards_module}:constant_half"}),
+        Sample(
+            response=r"\boxed{4}",
+            label="4",
+            metadata={"reward_fn": f"{rewards_module}:constant_half"},
+        ),
     ]
     assert await compute_rewards(samples, reward_type="math") == [1.0, 0.5]
 
@@ -102,28 +120,40 @@ async def test_a_per_sample_reward_type_in_metadata_overrides_the_type():
 
 
 async def test_an_unknown_per_sample_reward_type_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"sample index 3: unknown reward type 'judge' .* known: \['math'"):
+    with pytest.raises(
+        ValueError, match=r"sample index 3: unknown reward type 'judge' .* known: \['math'"
+    ):
         await compute_reward(Sample(index=3, metadata={"reward_type": "judge"}), reward_type="math")
 
 
 async def test_a_per_sample_remote_type_without_a_url_is_an_error():
-    with pytest.raises(ValueError, match="sample index 2 asks for reward_type 'remote' .* reward.url is not set"):
-        await compute_reward(Sample(index=2, metadata={"reward_type": "remote"}), reward_type="math")
+    with pytest.raises(
+        ValueError, match="sample index 2 asks for reward_type 'remote' .* reward.url is not set"
+    ):
+        await compute_reward(
+            Sample(index=2, metadata={"reward_type": "remote"}), reward_type="math"
+        )
 
 
 async def test_compute_rewards_sets_sample_reward_and_returns_them_in_order(rewards_module):
     samples = [Sample(response="x" * n) for n in (3, 1, 2)]
-    rewards = await compute_rewards(samples, reward_type="custom", custom_path=f"{rewards_module}:length")
+    rewards = await compute_rewards(
+        samples, reward_type="custom", custom_path=f"{rewards_module}:length"
+    )
     assert rewards == [3.0, 1.0, 2.0] == [s.reward for s in samples]
 
 
-async def test_group_reward_function_scores_each_group_instead_of_the_per_sample_type(rewards_module):
+async def test_group_reward_function_scores_each_group_instead_of_the_per_sample_type(
+    rewards_module,
+):
     # Groups interleaved on purpose: grouping is by group_index, not by position. The per-sample
     # type would fail (`broken`), so it must not run.
     a, b = group(0, ["aa", "a", "aaa"]), group(1, ["b", "bbbb"])
     samples = [a[0], b[0], a[1], b[1], a[2]]
     rewards = await compute_rewards(
-        samples, reward_type="custom", custom_path=f"{rewards_module}:broken",
+        samples,
+        reward_type="custom",
+        custom_path=f"{rewards_module}:broken",
         group_reward_function=f"{rewards_module}:centred",
     )
     # a: mean length 2, b: mean length 2.5
@@ -133,18 +163,28 @@ async def test_group_reward_function_scores_each_group_instead_of_the_per_sample
 
 async def test_a_group_reward_function_can_rank_within_each_group(rewards_module):
     samples = group(0, ["short", "the longest one", "mid size"]) + group(1, ["z", "zz"])
-    rewards = await compute_rewards(samples, reward_type="exact", group_reward_function=f"{rewards_module}:rank_in_group")
+    rewards = await compute_rewards(
+        samples, reward_type="exact", group_reward_function=f"{rewards_module}:rank_in_group"
+    )
     assert rewards == [0.0, 1.0, 0.0, 0.0, 1.0]
 
 
 async def test_a_group_reward_function_returning_the_wrong_count_is_an_error(rewards_module):
     with pytest.raises(ValueError, match=r"too_short' returned 1 for group_index 0 of 2 samples"):
-        await compute_rewards(group(0, ["a", "b"]), reward_type="exact", group_reward_function=f"{rewards_module}:too_short")
+        await compute_rewards(
+            group(0, ["a", "b"]),
+            reward_type="exact",
+            group_reward_function=f"{rewards_module}:too_short",
+        )
 
 
 async def test_a_group_reward_function_needs_group_indices(rewards_module):
     with pytest.raises(ValueError, match="sample index 5 has no group_index"):
-        await compute_rewards([Sample(index=5)], reward_type="exact", group_reward_function=f"{rewards_module}:centred")
+        await compute_rewards(
+            [Sample(index=5)],
+            reward_type="exact",
+            group_reward_function=f"{rewards_module}:centred",
+        )
 
 
 async def test_settings_come_from_a_reward_spec_read_by_attribute(rewards_module):
@@ -170,11 +210,17 @@ async def test_a_spec_and_keyword_settings_together_are_refused():
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (dict(reward_type="judge"), r"reward.type must be one of \['math', 'dapo', 'deepscaler', 'f1', 'exact', 'remote', 'custom'\], got 'judge'"),
-        (dict(reward_type="custom"), "reward.customPath is not set"),
-        (dict(reward_type="remote"), "reward.url is not set"),
-        (dict(reward_type="remote", url="http://x", timeout_seconds=0), "reward.timeoutSeconds must be > 0"),
-        (dict(reward_type="math", max_retries=-1), "reward.maxRetries must be >= 0"),
+        (
+            {"reward_type": "judge"},
+            r"reward.type must be one of \['math', 'dapo', 'deepscaler', 'f1', 'exact', 'remote', 'custom'\], got 'judge'",
+        ),
+        ({"reward_type": "custom"}, "reward.customPath is not set"),
+        ({"reward_type": "remote"}, "reward.url is not set"),
+        (
+            {"reward_type": "remote", "url": "http://x", "timeout_seconds": 0},
+            "reward.timeoutSeconds must be > 0",
+        ),
+        ({"reward_type": "math", "max_retries": -1}, "reward.maxRetries must be >= 0"),
     ],
 )
 def test_invalid_settings_are_rejected_naming_the_field(settings, message):
@@ -184,32 +230,49 @@ def test_invalid_settings_are_rejected_naming_the_field(settings, message):
 
 
 async def test_a_custom_path_that_does_not_import_fails_before_any_sample_is_scored():
-    with pytest.raises(PluginLoadError, match=r"custom reward function \(reward.customPath\) 'nope_mod:fn'"):
+    with pytest.raises(
+        PluginLoadError, match=r"custom reward function \(reward.customPath\) 'nope_mod:fn'"
+    ):
         await compute_rewards([Sample()], reward_type="custom", custom_path="nope_mod:fn")
 
 
 async def test_a_non_numeric_custom_reward_names_the_function(rewards_module):
-    with pytest.raises(TypeError, match=rf"reward function '{rewards_module}:not_a_number' returned str 'good'"):
-        await compute_reward(Sample(), reward_type="custom", custom_path=f"{rewards_module}:not_a_number")
+    with pytest.raises(
+        TypeError, match=rf"reward function '{rewards_module}:not_a_number' returned str 'good'"
+    ):
+        await compute_reward(
+            Sample(), reward_type="custom", custom_path=f"{rewards_module}:not_a_number"
+        )
 
 
-async def test_an_exception_in_a_custom_function_carries_a_note_with_path_and_sample(rewards_module):
+async def test_an_exception_in_a_custom_function_carries_a_note_with_path_and_sample(
+    rewards_module,
+):
     with pytest.raises(KeyError) as info:
-        await compute_rewards([Sample(index=9)], reward_type="custom", custom_path=f"{rewards_module}:broken")
-    assert info.value.__notes__ == [f"in reward function '{rewards_module}:broken' for sample index 9"]
+        await compute_rewards(
+            [Sample(index=9)], reward_type="custom", custom_path=f"{rewards_module}:broken"
+        )
+    assert info.value.__notes__ == [
+        f"in reward function '{rewards_module}:broken' for sample index 9"
+    ]
 
 
 async def test_a_failing_sample_cancels_the_rest_of_the_batch(rewards_module, tmp_path):
     # tmp_path is on sys.path through rewards_module
-    (tmp_path / "rlkube_test_slow_reward.py").write_text(textwrap.dedent("""
+    (tmp_path / "rlkube_test_slow_reward.py").write_text(
+        textwrap.dedent("""
         import asyncio
         DONE = []
         async def slow(sample):
             await asyncio.sleep(5)
             DONE.append(sample.index)
             return 1.0
-    """))
-    samples = [Sample(index=1, metadata={"reward_fn": "rlkube_test_slow_reward:slow"}), Sample(index=2)]
+    """)
+    )
+    samples = [
+        Sample(index=1, metadata={"reward_fn": "rlkube_test_slow_reward:slow"}),
+        Sample(index=2),
+    ]
     started = asyncio.get_running_loop().time()
     with pytest.raises(KeyError):
         await compute_rewards(samples, reward_type="custom", custom_path=f"{rewards_module}:broken")
@@ -220,10 +283,31 @@ async def test_a_failing_sample_cancels_the_rest_of_the_batch(rewards_module, tm
 
 
 async def test_an_async_custom_function_that_hangs_fails_after_timeout_seconds(rewards_module):
-    with pytest.raises(TimeoutError, match=rf"reward function '{rewards_module}:hangs' for sample index 4 gave no answer within 0.05 s"):
-        await compute_rewards([Sample(index=4)], reward_type="custom", custom_path=f"{rewards_module}:hangs", timeout_seconds=0.05)
+    with pytest.raises(
+        TimeoutError,
+        match=rf"reward function '{rewards_module}:hangs' for sample index 4 gave no answer within 0.05 s",
+    ):
+        await compute_rewards(
+            [Sample(index=4)],
+            reward_type="custom",
+            custom_path=f"{rewards_module}:hangs",
+            timeout_seconds=0.05,
+        )
 
 
 async def test_an_unimportable_group_reward_function_is_named():
-    with pytest.raises(PluginLoadError, match=r"group reward function \(reward.groupRewardFunction\) 'nope_mod:g'"):
-        await compute_rewards(group(0, ["a"]), reward_type="exact", group_reward_function="nope_mod:g")
+    with pytest.raises(
+        PluginLoadError, match=r"group reward function \(reward.groupRewardFunction\) 'nope_mod:g'"
+    ):
+        await compute_rewards(
+            group(0, ["a"]), reward_type="exact", group_reward_function="nope_mod:g"
+        )
+
+
+async def test_compute_rewards_accepts_the_rljob_reward_spec():
+    from rlkube_runtime.spec.reward import RewardSpec
+
+    spec = RewardSpec.model_validate({"type": "exact", "timeoutSeconds": 5})
+    assert await compute_rewards(
+        [Sample(response="4", label="4"), Sample(response="5", label="4")], spec
+    ) == [1.0, 0.0]

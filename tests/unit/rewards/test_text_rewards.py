@@ -1,7 +1,6 @@
 """f1 (SQuAD token F1) and exact (whitespace-normalised) rewards."""
 
 import pytest
-
 from rlkube_runtime.rewards import exact_reward, f1_reward, normalize_squad
 
 
