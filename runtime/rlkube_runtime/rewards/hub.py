@@ -1,4 +1,4 @@
-"""The reward step: score each sample by the configured type, then apply a group reward function.
+"""The reward step: score each sample by the configured type, or each group by a group function.
 
 Reward types (RewardSpec.type):
   math, dapo, deepscaler   math answer equivalence through math-verify (see math_rules)
