@@ -1,0 +1,499 @@
+"""Decide what to do for one RLJob, given everything observed about it. Pure: no API calls.
+
+`reconcile(observed, settings) -> Plan`. The controller gathers `Observed` (the RLJob, its
+RayJobs, ConfigMap, RBAC objects and the current attempt's pods), calls this, and carries the
+plan out. Being a function of observed state only (nothing remembered between calls), it is safe
+across operator restarts: the same cluster state gives the same plan, and nothing is created twice.
+
+Attempts. Attempt n runs as RayJob `<rljob>-n`; n is status.restarts.job, or the highest attempt
+label among the RLJob's RayJobs when that is ahead (a restart whose status write was lost). When
+attempt n fails, fault tolerance is on and n < backoffLimit, the job is Restarting: the failure
+time is stamped on the failed RayJob (annotation FAILED_AT_ANNOTATION, so a restarted operator
+waits out the same backoff), and after backoffSeconds x 2^n (capped) the failed RayJob is deleted,
+`<rljob>-(n+1)` is created and restarts.job becomes n+1. The runtime resumes from the latest
+complete checkpoint by itself.
+
+Spec changes. The runtime reads the spec once, from the ConfigMap, when an attempt starts; the
+ConfigMap is rewritten from the live spec only when an attempt starts or resumes. Fields in
+IMMUTABLE_FIELDS are refused by the CRD's CEL transition rules; should a change get past them
+(an older CRD), the operator keeps the running values, raises SpecChangeIgnored and carries on.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from rlkube_runtime.spec import TERMINAL_PHASES, RLJob, RLJobPhase, format_progress
+from rlkube_runtime.spec.load import SpecError, parse_rljob
+
+from . import render
+from .settings import OperatorSettings
+from .status import (
+    SPEC_CHANGE_IGNORED,
+    Attempt,
+    ConditionSpec,
+    desired_conditions,
+    merge_conditions,
+    now_rfc3339,
+    observe_rayjob,
+)
+
+# Stamped on a failed RayJob when the operator first sees the failure (RFC 3339).
+FAILED_AT_ANNOTATION = "rlkube.io/failed-at"
+
+# Fixed for the life of a job (camelCase paths under spec): the checkpoint layout, the data
+# position and the partial-rollout buffer in a checkpoint all depend on them.
+IMMUTABLE_FIELDS = (
+    "model",
+    "data",
+    "parallelism",
+    "resources.placement",
+    "rollout.batchSize",
+    "rollout.nSamplesPerPrompt",
+    "training.globalBatchSize",
+    "training.numStepsPerRollout",
+    "training.mode",
+)
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Observed:
+    rljob: dict[str, Any]
+    rayjobs: list[dict[str, Any]]  # RayJobs labelled with this RLJob and owned by its uid
+    configmap: dict[str, Any] | None
+    service_account: bool
+    role: bool
+    role_binding: bool
+    pods: list[dict[str, Any]]  # pods of the current attempt (for failure details)
+    now: datetime
+    conflicts: tuple[str, ...] = ()  # 'Kind name' of children's names taken by objects this RLJob does not own
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """What the controller does, in this order: create, update the ConfigMap, patch RayJobs,
+    delete RayJobs, patch the RLJob status, post events, delete the RLJob (TTL)."""
+
+    create: list[dict[str, Any]] = field(default_factory=list)
+    update_configmap: dict[str, Any] | None = None
+    patch_rayjobs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    delete_rayjobs: list[str] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)  # the full operator-owned status wanted
+    events: list[Event] = field(default_factory=list)
+    delete_rljob: bool = False
+    requeue_after: float | None = None
+    permanent_error: str | None = None  # set when the spec itself is the problem
+    status_patch: dict[str, Any] = field(default_factory=dict)  # filled by the controller: what it wrote
+
+
+def backoff_seconds(restarts: int, base: float, cap: float) -> float:
+    """Delay before attempt restarts+1: base x 2^restarts, at most cap."""
+    return min(cap, base * (2 ** restarts))
+
+
+def current_attempt(status: dict[str, Any], rayjobs: list[dict[str, Any]]) -> int:
+    counted = int((status.get("restarts") or {}).get("job") or 0)
+    labelled = [a for a in (render.attempt_of(rj) for rj in rayjobs) if a is not None]
+    return max([counted, *labelled])
+
+
+def get_path(obj: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return _MISSING
+        obj = obj[part]
+    return obj
+
+
+def set_path(obj: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    for part in parts[:-1]:
+        obj = obj.setdefault(part, {})
+    if value is _MISSING:
+        obj.pop(parts[-1], None)
+    else:
+        obj[parts[-1]] = copy.deepcopy(value)
+
+
+def immutable_changes(running: dict[str, Any], live: dict[str, Any]) -> list[str]:
+    """The IMMUTABLE_FIELDS whose live value differs from the running spec's."""
+    return [f"spec.{p}" for p in IMMUTABLE_FIELDS if get_path(running, p) != get_path(live, p)]
+
+
+def effective_spec(running: dict[str, Any] | None, live: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The live spec with the immutable fields held at their running values; and what was held."""
+    if running is None:
+        return copy.deepcopy(live), []
+    changed = immutable_changes(running, live)
+    spec = copy.deepcopy(live)
+    for path in changed:
+        set_path(spec, path.removeprefix("spec."), get_path(running, path.removeprefix("spec.")))
+    return spec, changed
+
+
+# --- the decision ------------------------------------------------------------------------------
+
+
+def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
+    body = obs.rljob
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    ref = render.JobRef.from_body(body)
+    plan = Plan()
+    prev_phase = status.get("phase")
+
+    try:
+        render.check_name(ref.name)
+        job = parse_rljob(_spec_object(body))
+    except (SpecError, render.RenderError) as exc:
+        return _fail_permanently(obs, plan, _first_error(exc))
+
+    if prev_phase in {p.value for p in TERMINAL_PHASES}:
+        return _finished(obs, job, plan)
+
+    if obs.conflicts:
+        message = (
+            f"{', '.join(obs.conflicts)} already exist(s) and is not owned by this RLJob; delete or rename it "
+            "(retrying)"
+        )
+        _status(obs, job, plan, _phase(prev_phase) if prev_phase else RLJobPhase.PENDING, "NameConflict", message,
+                current_attempt(status, obs.rayjobs), None)
+        if status.get("message") != message:
+            plan.events.append(Event("Warning", "NameConflict", message))
+        plan.requeue_after = settings.resync_seconds
+        return plan
+
+    running = configmap_spec_or_none(obs.configmap)
+    spec_dict, held = effective_spec(running, body.get("spec") or {})
+    if held:
+        try:
+            job = parse_rljob({**_spec_object(body), "spec": spec_dict})
+        except SpecError as exc:
+            return _fail_permanently(obs, plan, _first_error(exc))
+    desired_cm = render.render_configmap(ref, spec_dict)
+
+    if obs.configmap is None:
+        plan.create.append(desired_cm)
+    if not obs.service_account:
+        plan.create.append(render.render_service_account(ref))
+    if not obs.role:
+        plan.create.append(render.render_role(ref))
+    if not obs.role_binding:
+        plan.create.append(render.render_role_binding(ref))
+
+    def refresh_configmap() -> None:
+        # The runtime reads the spec when an attempt starts: bring the file up to date then.
+        if obs.configmap is not None and obs.configmap.get("data") != desired_cm["data"]:
+            plan.update_configmap = desired_cm
+
+    n = current_attempt(status, obs.rayjobs)
+    name = render.rayjob_name(ref.name, n)
+    current = next((rj for rj in obs.rayjobs if rj["metadata"]["name"] == name), None)
+    for rj in obs.rayjobs:
+        if rj is not current and not rj["metadata"].get("deletionTimestamp"):
+            plan.delete_rayjobs.append(rj["metadata"]["name"])
+
+    deadline_left = _deadline_left(job, meta, obs.now)
+    if deadline_left is not None and deadline_left <= 0:
+        if current is not None:
+            plan.delete_rayjobs.append(name)
+        message = f"spec.activeDeadlineSeconds({job.spec.active_deadline_seconds}) passed; the job ran out of time"
+        return _finish_status(obs, job, plan, RLJobPhase.FAILED, "DeadlineExceeded", message, n, current)
+
+    try:
+        if current is None:
+            rayjob = render.render_rayjob(
+                ref, job.spec, attempt=n, settings=settings, active_deadline_seconds=deadline_left
+            )
+            refresh_configmap()
+            plan.create.append(rayjob)
+            phase = RLJobPhase.SUSPENDED if job.spec.suspend else RLJobPhase.PENDING
+            reason = "Suspended" if job.spec.suspend else "RayJobCreated"
+            message = f"created RayJob {name} (attempt {n})" + (", suspended" if job.spec.suspend else "")
+            _status(obs, job, plan, phase, reason, message, n, None)
+            plan.requeue_after = settings.resync_seconds
+            return plan
+    except render.RenderError as exc:
+        return _fail_permanently(obs, plan, (exc.field, exc.message))
+
+    if current["metadata"].get("deletionTimestamp"):
+        # Someone deleted the current attempt's RayJob; make it again once it is gone.
+        _status(obs, job, plan, _phase(prev_phase), "RayJobDeleting", f"RayJob {name} is being deleted", n, None)
+        plan.requeue_after = min(2.0, settings.resync_seconds)
+        return plan
+
+    attempt = observe_rayjob(current, obs.pods)
+    if attempt.failed:
+        return _attempt_failed(obs, job, plan, settings, n, current, attempt, refresh_configmap, deadline_left)
+    if attempt.phase == RLJobPhase.SUCCEEDED:
+        return _finish_status(obs, job, plan, RLJobPhase.SUCCEEDED, attempt.reason, attempt.message, n, current, attempt)
+
+    phase, reason, message = attempt.phase, attempt.reason, attempt.message
+    want_suspend = bool(job.spec.suspend)
+    if bool((current.get("spec") or {}).get("suspend")) != want_suspend:
+        if not want_suspend:
+            refresh_configmap()
+        plan.patch_rayjobs.append((name, {"spec": {"suspend": want_suspend}}))
+    if want_suspend and phase != RLJobPhase.SUSPENDED:
+        phase, reason, message = RLJobPhase.SUSPENDED, "Suspending", f"suspending RayJob {name}: its pods are being deleted"
+    elif not want_suspend and phase == RLJobPhase.SUSPENDED:
+        phase, reason, message = RLJobPhase.STARTING, "Resuming", f"resuming RayJob {name} from the latest checkpoint"
+    _status(obs, job, plan, phase, reason, message, n, attempt)
+    plan.requeue_after = settings.resync_seconds
+    return plan
+
+
+def _attempt_failed(
+    obs: Observed,
+    job: RLJob,
+    plan: Plan,
+    settings: OperatorSettings,
+    n: int,
+    current: dict[str, Any],
+    attempt: Attempt,
+    refresh_configmap: Any,
+    deadline_left: float | None,
+) -> Plan:
+    ft = job.spec.fault_tolerance
+    name = current["metadata"]["name"]
+    if attempt.permanent:
+        return _finish_status(obs, job, plan, RLJobPhase.FAILED, attempt.reason, attempt.message, n, current, attempt)
+    if not ft.enabled:
+        message = f"{attempt.message} (faultTolerance.enabled is false: no restart)"
+        return _finish_status(obs, job, plan, RLJobPhase.FAILED, attempt.reason, message, n, current, attempt)
+    if n >= ft.backoff_limit:
+        message = f"{attempt.message}; faultTolerance.backoffLimit({ft.backoff_limit}) restarts used up"
+        return _finish_status(obs, job, plan, RLJobPhase.FAILED, "BackoffLimitExceeded", message, n, current, attempt)
+
+    annotations = current["metadata"].get("annotations") or {}
+    failed_at = _parse_time(annotations.get(FAILED_AT_ANNOTATION))
+    if failed_at is None:
+        failed_at = obs.now
+        plan.patch_rayjobs.append(
+            (name, {"metadata": {"annotations": {FAILED_AT_ANNOTATION: now_rfc3339(obs.now)}}})
+        )
+    delay = backoff_seconds(n, ft.backoff_seconds, settings.max_backoff_seconds)
+    restart_at = failed_at + timedelta(seconds=delay)
+    if obs.now < restart_at:
+        wait = (restart_at - obs.now).total_seconds()
+        # No countdown in the message: status must not change on every reconcile.
+        message = (
+            f"{attempt.message}; attempt {n + 1} (restart {n + 1} of {ft.backoff_limit}) starts at "
+            f"{now_rfc3339(restart_at)} after a {delay:g}s backoff, from the latest checkpoint"
+        )
+        _status(obs, job, plan, RLJobPhase.RESTARTING, "BackoffWaiting", message, n, current, attempt)
+        plan.requeue_after = max(wait, 0.1)
+        return plan
+
+    # Backoff over: the next attempt replaces the failed one.
+    new = render.render_rayjob(
+        render.JobRef.from_body(obs.rljob), job.spec, attempt=n + 1, settings=settings,
+        active_deadline_seconds=deadline_left,
+    )
+    refresh_configmap()
+    plan.create.append(new)
+    plan.delete_rayjobs.append(name)
+    message = f"{attempt.message}; started attempt {n + 1} as RayJob {new['metadata']['name']}, resuming from the latest checkpoint"
+    _status(obs, job, plan, RLJobPhase.RESTARTING, "AttemptStarted", message, n + 1, None)
+    plan.status["rayJobName"] = new["metadata"]["name"]
+    plan.requeue_after = settings.resync_seconds
+    return plan
+
+
+def _finished(obs: Observed, job: RLJob, plan: Plan) -> Plan:
+    """Succeeded or Failed already: keep the status, delete the RLJob once its TTL has passed."""
+    status = obs.rljob.get("status") or {}
+    plan.status = _carry(status, generation=obs.rljob["metadata"].get("generation"), num_rollout=job.spec.training.num_rollout)
+    ttl = job.spec.ttl_seconds_after_finished
+    if ttl is None:
+        return plan
+    finished = _finished_at(status) or obs.now
+    left = (finished + timedelta(seconds=ttl) - obs.now).total_seconds()
+    if left <= 0:
+        plan.delete_rljob = True
+        plan.events.append(Event("Normal", "Deleting", f"ttlSecondsAfterFinished({ttl}) passed since the job finished"))
+    else:
+        plan.requeue_after = left
+    return plan
+
+
+def _finish_status(
+    obs: Observed,
+    job: RLJob,
+    plan: Plan,
+    phase: RLJobPhase,
+    reason: str,
+    message: str,
+    n: int,
+    current: dict[str, Any] | None,
+    attempt: Attempt | None = None,
+) -> Plan:
+    _status(obs, job, plan, phase, reason, message, n, current, attempt)
+    ttl = job.spec.ttl_seconds_after_finished
+    if ttl is not None:
+        plan.requeue_after = max(float(ttl), 0.1)
+    return plan
+
+
+def _fail_permanently(obs: Observed, plan: Plan, error: tuple[str, str]) -> Plan:
+    path, text = error
+    message = f"{path}: {text}" if path else text
+    status = obs.rljob.get("status") or {}
+    plan.permanent_error = message
+    phase = RLJobPhase.FAILED
+    conditions = merge_conditions(
+        status.get("conditions") or [],
+        desired_conditions(phase, "InvalidSpec", message),
+        now=obs.now,
+        generation=obs.rljob["metadata"].get("generation"),
+    )
+    plan.status = {
+        **_carry(status, generation=obs.rljob["metadata"].get("generation"), num_rollout=None),
+        "phase": phase.value,
+        "message": message,
+        "conditions": conditions,
+    }
+    _transition_event(status, plan, phase, message)
+    return plan
+
+
+def _status(
+    obs: Observed,
+    job: RLJob,
+    plan: Plan,
+    phase: RLJobPhase,
+    reason: str,
+    message: str,
+    n: int,
+    current: dict[str, Any] | None,
+    attempt: Attempt | None = None,
+) -> None:
+    """Fill plan.status (the whole operator-owned status) and the phase-transition event."""
+    body = obs.rljob
+    status = body.get("status") or {}
+    generation = body["metadata"].get("generation")
+    live = body.get("spec") or {}
+    running = configmap_spec_or_none(obs.configmap)
+    held = immutable_changes(running, live) if running is not None else []
+    wanted = desired_conditions(phase, reason, message)
+    drop: tuple[str, ...] = ()
+    if held:
+        note = (
+            f"{', '.join(held)} cannot change while the job exists; the job keeps running with the values "
+            "it started with (delete and re-create the RLJob to change them)"
+        )
+        wanted.append(ConditionSpec(SPEC_CHANGE_IGNORED, "True", "ImmutableField", note))
+        old = next((c for c in status.get("conditions") or [] if c.get("type") == SPEC_CHANGE_IGNORED), {})
+        if old.get("status") != "True" or old.get("message") != note:
+            plan.events.append(Event("Warning", SPEC_CHANGE_IGNORED, note))
+    else:
+        drop = (SPEC_CHANGE_IGNORED,)
+    conditions = merge_conditions(status.get("conditions") or [], wanted, now=obs.now, generation=generation, drop=drop)
+    rj_name = current["metadata"]["name"] if current is not None else render.rayjob_name(body["metadata"]["name"], n)
+    cluster = attempt.ray_cluster_name if attempt else None
+    plan.status = {
+        **_carry(status, generation=generation, num_rollout=job.spec.training.num_rollout),
+        "phase": phase.value,
+        "message": message,
+        "conditions": conditions,
+        "rayJobName": rj_name,
+        "rayClusterName": cluster,
+        "dashboardUrl": attempt.dashboard_url if attempt else None,
+        "restarts": {"job": n},
+    }
+    _transition_event(status, plan, phase, message)
+
+
+def _carry(status: dict[str, Any], *, generation: int | None, num_rollout: int | None) -> dict[str, Any]:
+    """The operator-owned status fields as they are, with observedGeneration and progressText updated."""
+    out = {k: status.get(k) for k in (
+        "phase", "message", "conditions", "rayJobName", "rayClusterName", "dashboardUrl",
+    )}
+    out["observedGeneration"] = generation
+    out["restarts"] = {"job": int((status.get("restarts") or {}).get("job") or 0)}
+    progress = status.get("progress") or {}
+    total = progress.get("numRollout") or num_rollout
+    out["progressText"] = format_progress(int(progress.get("rollout") or 0), total) if total else status.get("progressText")
+    return out
+
+
+def _transition_event(status: dict[str, Any], plan: Plan, phase: RLJobPhase, message: str) -> None:
+    if status.get("phase") == phase.value:
+        return
+    warning = phase in (RLJobPhase.RESTARTING, RLJobPhase.FAILED)
+    plan.events.append(Event("Warning" if warning else "Normal", phase.value, message))
+
+
+def _phase(value: str | None) -> RLJobPhase:
+    try:
+        return RLJobPhase(value)
+    except ValueError:
+        return RLJobPhase.PENDING
+
+
+def _spec_object(body: dict[str, Any]) -> dict[str, Any]:
+    """The parts of the body parse_rljob reads (status is the operator's, not the user's)."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+        "spec": body.get("spec"),
+    }
+
+
+def _first_error(exc: Exception) -> tuple[str, str]:
+    if isinstance(exc, render.RenderError):
+        return exc.field, exc.message
+    if isinstance(exc, SpecError) and exc.errors:
+        if len(exc.errors) == 1:
+            return exc.errors[0]
+        return "", "; ".join(f"{p}: {m}" if p else m for p, m in exc.errors)
+    return "", str(exc)
+
+
+def configmap_spec_or_none(configmap: dict[str, Any] | None) -> dict[str, Any] | None:
+    if configmap is None:
+        return None
+    try:
+        return render.configmap_spec(configmap)
+    except Exception:  # a ConfigMap someone edited into non-YAML: treat as absent  # noqa: BLE001
+        return None
+
+
+def _deadline_left(job: RLJob, meta: dict[str, Any], now: datetime) -> float | None:
+    deadline = job.spec.active_deadline_seconds
+    created = _parse_time(meta.get("creationTimestamp"))
+    if deadline is None or created is None:
+        return None
+    return deadline - (now - created).total_seconds()
+
+
+def _finished_at(status: dict[str, Any]) -> datetime | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Progressing" and cond.get("status") == "False":
+            return _parse_time(cond.get("lastTransitionTime"))
+    return None
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None

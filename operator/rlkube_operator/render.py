@@ -1,0 +1,473 @@
+"""RLJob -> the Kubernetes objects that run it: a KubeRay RayJob per attempt, the ConfigMap holding
+the spec the runtime reads, and the ServiceAccount/Role/RoleBinding the runtime reports status with.
+
+Pure: dicts in, dicts out; no API calls. Every object carries an owner reference to the RLJob
+(controller, blockOwnerDeletion), so the garbage collector deletes them with it.
+
+RayJob layout (ray.io/v1, K8sJobMode):
+- head: CPU only (`num-gpus: 0`), trainer image; runs the entrypoint `rlkube run /etc/rlkube/rljob.yaml`
+  (the Ray job driver), so it mounts the spec and uses the runtime ServiceAccount.
+- separate placement: worker group `trainer` (nodes pods x gpusPerNode GPUs, Ray resource
+  `rlkube_trainer`) and worker group `rollout` (rollout.gpus split into pods of whole engines,
+  Ray resources `rlkube_rollout` and `rlkube_router`), so trainer ranks and engines land on their
+  own pods by asking for those resources.
+- colocated placement: one GPU worker group `trainer` carrying all three Ray resources; the trainer
+  image also has SGLang.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from rlkube_runtime.spec import API_VERSION, KIND, RLJobSpec
+
+from .settings import OperatorSettings
+
+RAY_API_VERSION = "ray.io/v1"
+RAYJOB_KIND = "RayJob"
+
+LABEL_RLJOB = "rlkube.io/rljob"
+LABEL_ATTEMPT = "rlkube.io/attempt"
+LABEL_ROLE = "rlkube.io/role"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "rlkube-operator"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+SPEC_VOLUME = "rlkube-spec"
+SPEC_MOUNT_DIR = "/etc/rlkube"
+SPEC_FILE = "rljob.yaml"
+ENTRYPOINT = f"rlkube run {SPEC_MOUNT_DIR}/{SPEC_FILE}"
+
+# Ray custom resources, one unit per GPU (or one per pod without GPUs); the runtime adds them to
+# its placement-group bundles so trainer ranks and engines land on the pods meant for them.
+TRAINER_RESOURCE = "rlkube_trainer"
+ROLLOUT_RESOURCE = "rlkube_rollout"
+ROUTER_RESOURCE = "rlkube_router"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# A rollout pod holds whole engines and at most this many GPUs (one node of the usual GPU servers).
+MAX_GPUS_PER_ROLLOUT_POD = 8
+# KubeRay refuses RayJob names over 47 characters (its RayCluster gets a 6-character suffix, and
+# Services derived from that must stay DNS labels); `<name>-<attempt>` must fit.
+MAX_RAYJOB_NAME_LENGTH = 47
+MAX_RLJOB_NAME_LENGTH = 40
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+HEAD_RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"}}
+RAY_PORTS = [
+    {"name": "gcs-server", "containerPort": 6379},
+    {"name": "dashboard", "containerPort": 8265},
+    {"name": "client", "containerPort": 10001},
+    {"name": "metrics", "containerPort": 8080},
+]
+
+
+class RenderError(ValueError):
+    """The spec cannot be turned into pods; `field` is the RLJob field path to fix."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The identity of an RLJob: what owner references and names are made from."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> JobRef:
+        meta = body["metadata"]
+        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+# --- names -------------------------------------------------------------------------------------
+
+
+def rayjob_name(rljob: str, attempt: int) -> str:
+    """Attempt n of RLJob `tiny` runs as RayJob `tiny-n` (n = status.restarts.job)."""
+    return f"{rljob}-{attempt}"
+
+
+def attempt_of(rayjob: dict[str, Any]) -> int | None:
+    """The attempt number a RayJob was created for (its rlkube.io/attempt label)."""
+    raw = (rayjob.get("metadata", {}).get("labels") or {}).get(LABEL_ATTEMPT)
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def configmap_name(rljob: str) -> str:
+    return f"{rljob}-spec"
+
+
+def runtime_account_name(rljob: str) -> str:
+    """The ServiceAccount, Role and RoleBinding the runtime reports status with share this name."""
+    return f"{rljob}-runtime"
+
+
+def check_name(name: str) -> None:
+    """Raise RenderError unless `<name>-<attempt>` makes a RayJob name KubeRay accepts."""
+    if len(name) > MAX_RLJOB_NAME_LENGTH:
+        raise RenderError(
+            "metadata.name",
+            f"{name!r} is {len(name)} characters; RLJob names must be at most {MAX_RLJOB_NAME_LENGTH} "
+            f"(each attempt runs as RayJob '<name>-<attempt>', and KubeRay allows {MAX_RAYJOB_NAME_LENGTH})",
+        )
+    if not _DNS1035.match(name):
+        raise RenderError(
+            "metadata.name",
+            f"{name!r} must start with a letter and hold only lowercase letters, digits and '-' "
+            "(KubeRay requires RayJob and RayCluster names to be DNS-1035 labels)",
+        )
+
+
+# --- shared pieces -----------------------------------------------------------------------------
+
+
+def owner_reference(ref: JobRef) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": ref.name,
+        "uid": ref.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels(ref: JobRef, **extra: str) -> dict[str, str]:
+    return {LABEL_RLJOB: ref.name, LABEL_MANAGED_BY: MANAGED_BY, **extra}
+
+
+def _metadata(ref: JobRef, name: str, **extra_labels: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": labels(ref, **extra_labels),
+        "ownerReferences": [owner_reference(ref)],
+    }
+
+
+# --- ConfigMap and RBAC ------------------------------------------------------------------------
+
+
+def spec_document(ref: JobRef, spec: dict[str, Any]) -> dict[str, Any]:
+    """The RLJob file the runtime reads: the object's spec as stored (API-server defaults included)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": ref.name, "namespace": ref.namespace},
+        "spec": copy.deepcopy(spec),
+    }
+
+
+def render_configmap(ref: JobRef, spec: dict[str, Any]) -> dict[str, Any]:
+    text = yaml.safe_dump(spec_document(ref, spec), sort_keys=False, default_flow_style=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(ref, configmap_name(ref.name)),
+        "data": {SPEC_FILE: text},
+    }
+
+
+def configmap_spec(configmap: dict[str, Any]) -> dict[str, Any] | None:
+    """The spec a ConfigMap made by render_configmap holds (None if it holds none)."""
+    text = (configmap.get("data") or {}).get(SPEC_FILE)
+    if not text:
+        return None
+    doc = yaml.safe_load(text)
+    return doc.get("spec") if isinstance(doc, dict) else None
+
+
+def render_service_account(ref: JobRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(ref, runtime_account_name(ref.name)),
+    }
+
+
+def render_role(ref: JobRef) -> dict[str, Any]:
+    """get/patch on this one RLJob's status subresource, nothing else: the runtime reports
+    progress, lastCheckpoint and metrics there and can touch no other object."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(ref, runtime_account_name(ref.name)),
+        "rules": [
+            {
+                "apiGroups": [API_VERSION.split("/")[0]],
+                "resources": ["rljobs/status"],
+                "resourceNames": [ref.name],
+                "verbs": ["get", "patch"],
+            }
+        ],
+    }
+
+
+def render_role_binding(ref: JobRef) -> dict[str, Any]:
+    name = runtime_account_name(ref.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(ref, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ref.namespace}],
+    }
+
+
+# --- RayJob ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    """One Ray worker group: `replicas` pods of `gpus_per_pod` GPUs each."""
+
+    name: str
+    replicas: int
+    gpus_per_pod: int
+    image: str
+    ray_resources: dict[str, int]
+    resources: dict[str, Any]
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, Any]]
+
+
+def worker_groups(spec: RLJobSpec, settings: OperatorSettings) -> list[WorkerGroup]:
+    """The worker groups of the RayJob's cluster: `trainer` (and `rollout` when separate)."""
+    res = spec.resources
+    trainer = res.trainer
+    gpe = spec.rollout.gpus_per_engine
+    trainer_image = trainer.image or settings.trainer_image
+    trainer_units = max(trainer.gpus_per_node, 1)
+    if res.placement == "colocated":
+        total = trainer.nodes * trainer.gpus_per_node
+        if trainer.gpus_per_node and trainer.gpus_per_node % gpe:
+            raise RenderError(
+                "spec.rollout.gpusPerEngine",
+                f"colocated engines share the trainer's GPUs, so gpusPerEngine({gpe}) must divide "
+                f"resources.trainer.gpusPerNode({trainer.gpus_per_node}); {total} GPUs in all",
+            )
+        return [
+            WorkerGroup(
+                name="trainer",
+                replicas=trainer.nodes,
+                gpus_per_pod=trainer.gpus_per_node,
+                image=trainer_image,
+                ray_resources={TRAINER_RESOURCE: trainer_units, ROLLOUT_RESOURCE: trainer_units, ROUTER_RESOURCE: 1},
+                resources=trainer.resources,
+                node_selector=trainer.node_selector,
+                tolerations=trainer.tolerations,
+            )
+        ]
+    rollout = res.rollout
+    replicas, per_pod = rollout_pods(rollout.gpus, gpe)
+    return [
+        WorkerGroup(
+            name="trainer",
+            replicas=trainer.nodes,
+            gpus_per_pod=trainer.gpus_per_node,
+            image=trainer_image,
+            ray_resources={TRAINER_RESOURCE: trainer_units},
+            resources=trainer.resources,
+            node_selector=trainer.node_selector,
+            tolerations=trainer.tolerations,
+        ),
+        WorkerGroup(
+            name="rollout",
+            replicas=replicas,
+            gpus_per_pod=per_pod,
+            image=rollout.image or trainer.image or settings.rollout_image,
+            ray_resources={ROLLOUT_RESOURCE: max(per_pod, 1), ROUTER_RESOURCE: 1},
+            resources=rollout.resources,
+            node_selector=rollout.node_selector,
+            tolerations=rollout.tolerations,
+        ),
+    ]
+
+
+def rollout_pods(gpus: int, gpus_per_engine: int) -> tuple[int, int]:
+    """(pods, GPUs per pod) for `gpus` rollout GPUs: the fewest pods of whole engines, each of at
+    most MAX_GPUS_PER_ROLLOUT_POD GPUs. No GPUs: one CPU pod (the built-in engine runs on CPU)."""
+    if gpus == 0:
+        return 1, 0
+    if gpus % gpus_per_engine:
+        raise RenderError(
+            "spec.rollout.gpusPerEngine",
+            f"resources.rollout.gpus({gpus}) cannot be split into engines of gpusPerEngine({gpus_per_engine}) "
+            "GPUs; make rollout.gpus a multiple of gpusPerEngine",
+        )
+    if gpus_per_engine > MAX_GPUS_PER_ROLLOUT_POD:
+        raise RenderError(
+            "spec.rollout.gpusPerEngine",
+            f"engines of {gpus_per_engine} GPUs span several pods, which rlkube does not support yet "
+            f"(at most {MAX_GPUS_PER_ROLLOUT_POD} GPUs per engine)",
+        )
+    per_pod = max(
+        d for d in range(gpus_per_engine, MAX_GPUS_PER_ROLLOUT_POD + 1, gpus_per_engine) if gpus % d == 0
+    )
+    return gpus // per_pod, per_pod
+
+
+def ray_resources_param(resources: dict[str, int]) -> str:
+    """rayStartParams.resources: single-quoted JSON, the form KubeRay itself writes."""
+    return "'" + json.dumps(resources, sort_keys=True, separators=(",", ":")) + "'"
+
+
+def render_rayjob(
+    ref: JobRef,
+    spec: RLJobSpec,
+    *,
+    attempt: int,
+    settings: OperatorSettings,
+    active_deadline_seconds: int | None = None,
+) -> dict[str, Any]:
+    """The RayJob of attempt `attempt`.
+
+    `active_deadline_seconds` is what is left of spec.activeDeadlineSeconds for this attempt (the
+    deadline covers the whole job, restarts included). KubeRay's own retries are off
+    (backoffLimit 0): the operator restarts failed attempts itself, resuming from a checkpoint.
+    """
+    check_name(ref.name)
+    groups = worker_groups(spec, settings)
+    name = rayjob_name(ref.name, attempt)
+    extra = {KUEUE_QUEUE_LABEL: spec.queue_name} if spec.queue_name else {}
+    job_spec: dict[str, Any] = {
+        "entrypoint": ENTRYPOINT,
+        "submissionMode": "K8sJobMode",
+        "backoffLimit": 0,
+        "shutdownAfterJobFinishes": True,
+        # The Ray cluster goes as soon as the job ends: idle GPUs help no one. The RLJob's own
+        # ttlSecondsAfterFinished (deleting the RLJob and everything it owns) is the operator's.
+        "ttlSecondsAfterFinished": 0,
+        "suspend": spec.suspend,
+        "rayClusterSpec": {
+            "headGroupSpec": _head_group(ref, spec, attempt, settings),
+            "workerGroupSpecs": [_worker_group(ref, spec, attempt, g) for g in groups],
+        },
+    }
+    if active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = max(1, int(active_deadline_seconds))
+    return {
+        "apiVersion": RAY_API_VERSION,
+        "kind": RAYJOB_KIND,
+        "metadata": _metadata(ref, name, **{LABEL_ATTEMPT: str(attempt)}, **extra),
+        "spec": job_spec,
+    }
+
+
+def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, settings: OperatorSettings) -> dict[str, Any]:
+    trainer = spec.resources.trainer
+    container = _container(
+        ref, spec, attempt, name="ray-head", image=trainer.image or settings.trainer_image,
+        resources=copy.deepcopy(HEAD_RESOURCES), role="head",
+    )
+    container["ports"] = copy.deepcopy(RAY_PORTS)
+    # The head runs no GPU work; it takes the trainer's tolerations so it can share tainted GPU
+    # nodes when those are all there is, but not its nodeSelector (it needs no GPU node).
+    pod = _pod_spec(ref, spec, container, node_selector={}, tolerations=trainer.tolerations)
+    return {
+        "rayStartParams": {"num-gpus": "0"},
+        "template": {"metadata": {"labels": labels(ref, **{LABEL_ATTEMPT: str(attempt), LABEL_ROLE: "head"})}, "spec": pod},
+    }
+
+
+def _worker_group(ref: JobRef, spec: RLJobSpec, attempt: int, group: WorkerGroup) -> dict[str, Any]:
+    field = f"spec.resources.{group.name}.resources"
+    resources = _with_gpus(group.resources, group.gpus_per_pod, field)
+    container = _container(ref, spec, attempt, name="ray-worker", image=group.image, resources=resources, role=group.name)
+    pod = _pod_spec(ref, spec, container, node_selector=group.node_selector, tolerations=group.tolerations)
+    return {
+        "groupName": group.name,
+        "replicas": group.replicas,
+        "minReplicas": group.replicas,
+        "maxReplicas": group.replicas,
+        "rayStartParams": {
+            "num-gpus": str(group.gpus_per_pod),
+            "resources": ray_resources_param(group.ray_resources),
+        },
+        "template": {
+            "metadata": {"labels": labels(ref, **{LABEL_ATTEMPT: str(attempt), LABEL_ROLE: group.name})},
+            "spec": pod,
+        },
+    }
+
+
+def _with_gpus(resources: dict[str, Any], gpus: int, field: str) -> dict[str, Any]:
+    out = copy.deepcopy(resources) if resources else {}
+    for section in ("requests", "limits"):
+        if GPU_RESOURCE in (out.get(section) or {}):
+            raise RenderError(
+                f"{field}.{section}",
+                f"{GPU_RESOURCE} is set from the GPU count (gpusPerNode / rollout.gpus); remove it here",
+            )
+    if gpus:
+        out.setdefault("limits", {})[GPU_RESOURCE] = str(gpus)
+        if "requests" in out:
+            out["requests"][GPU_RESOURCE] = str(gpus)
+    return out
+
+
+def _container(
+    ref: JobRef, spec: RLJobSpec, attempt: int, *, name: str, image: str, resources: dict[str, Any], role: str
+) -> dict[str, Any]:
+    env = [
+        {"name": "RLKUBE_RLJOB_NAME", "value": ref.name},
+        {"name": "RLKUBE_RLJOB_NAMESPACE", "value": ref.namespace},
+        {"name": "RLKUBE_ATTEMPT", "value": str(attempt)},
+        {"name": "RLKUBE_ROLE", "value": role},
+    ]
+    env += copy.deepcopy(spec.resources.env)
+    mounts = [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT_DIR, "readOnly": True}]
+    mounts += copy.deepcopy(spec.resources.volume_mounts)
+    container: dict[str, Any] = {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": env,
+        "volumeMounts": mounts,
+    }
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _pod_spec(
+    ref: JobRef,
+    spec: RLJobSpec,
+    container: dict[str, Any],
+    *,
+    node_selector: dict[str, str],
+    tolerations: list[dict[str, Any]],
+) -> dict[str, Any]:
+    volumes = [{"name": SPEC_VOLUME, "configMap": {"name": configmap_name(ref.name)}}]
+    for i, volume in enumerate(spec.resources.volumes):
+        if volume.get("name") == SPEC_VOLUME:
+            raise RenderError(
+                f"spec.resources.volumes[{i}].name",
+                f"{SPEC_VOLUME!r} is reserved for the RLJob's own spec; pick another volume name",
+            )
+        volumes.append(copy.deepcopy(volume))
+    pod: dict[str, Any] = {
+        "serviceAccountName": runtime_account_name(ref.name),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if node_selector:
+        pod["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod["tolerations"] = copy.deepcopy(tolerations)
+    return pod
