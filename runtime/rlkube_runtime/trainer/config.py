@@ -215,11 +215,18 @@ class ModelConfig:
             )
 
     @classmethod
-    def from_spec(cls, spec: Any) -> ModelConfig:
+    def from_spec(cls, spec: Any, *, hf_checkpoint: str | None = None) -> ModelConfig:
+        """`hf_checkpoint` overrides `spec.model.hf_checkpoint` (e.g. a preset's resolved directory)."""
         m = spec.model
+        path = hf_checkpoint or _get(m, "hf_checkpoint", None)
+        if path is None:
+            raise ValueError(
+                "model.hf_checkpoint is unset; the torch backend loads an HF directory: set "
+                "model.hfCheckpoint or pass the resolved preset directory as hf_checkpoint="
+            )
         dtype = _get(m, "dtype", cls.dtype)
         dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(str(dtype), str(dtype))
-        return cls(hf_checkpoint=str(m.hf_checkpoint), ref_load=_get(m, "ref_load", None), dtype=dtype)
+        return cls(hf_checkpoint=str(path), ref_load=_get(m, "ref_load", None), dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -240,9 +247,10 @@ class TrainerConfig:
             raise ValueError(f"rollout.temperature must be >= 0 (0 means greedy: logits as they are), got {self.temperature!r}")
 
     @classmethod
-    def from_spec(cls, spec: Any) -> TrainerConfig:
+    def from_spec(cls, spec: Any, *, hf_checkpoint: str | None = None) -> TrainerConfig:
+        """Read an RLJob spec (duck-typed); `hf_checkpoint` as in `ModelConfig.from_spec`."""
         return cls(
-            model=ModelConfig.from_spec(spec),
+            model=ModelConfig.from_spec(spec, hf_checkpoint=hf_checkpoint),
             optimizer=OptimizerConfig.from_spec(spec),
             batching=BatchingConfig.from_spec(spec),
             loss=LossConfig.from_spec(spec),

@@ -1,0 +1,87 @@
+"""What the loop needs from a trainer, whatever trains: the PyTorch backend today, Megatron-core later.
+
+Every data-parallel rank holds one backend and every method is called on all ranks with the
+same arguments (the whole global batch; each rank trains its own share). The loop's order per
+rollout is:
+
+    batch = batch.with_fields(old_log_probs=backend.compute_log_probs(batch).log_probs)
+    if KL:  batch = batch.with_fields(ref_log_probs=backend.compute_log_probs(batch, model="ref").log_probs)
+    for step_batch in batch.global_batches(global_batch_size):
+        metrics = backend.train_step(step_batch)
+    weights = backend.export_weights()             # or backend.save_hf(dir) for engines loading from disk
+    save_checkpoint(root, rollout_id, {**backend.state_dict(), "data_source": ...})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+from .batch import TrainBatch
+
+
+@dataclass(frozen=True)
+class LogProbs:
+    """Per-sample results of a forward pass, in batch order, float32 on CPU.
+
+    log_probs: [R_i] log p(response token) under log_softmax(logits / temperature).
+    entropy:   [R_i] entropy of that distribution per response position, or None when not asked.
+    """
+
+    log_probs: list[torch.Tensor]
+    entropy: list[torch.Tensor] | None = None
+
+
+@runtime_checkable
+class TrainerBackend(Protocol):
+    def compute_log_probs(
+        self, batch: TrainBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
+    ) -> LogProbs:
+        """Log-probs of every sample's response tokens under the actor or the frozen reference.
+
+        No gradients. Collective: every rank computes its share and all receive the whole result.
+        """
+        ...
+
+    def train_step(
+        self,
+        batch: TrainBatch,
+        *,
+        global_num_samples: int | None = None,
+        global_num_tokens: int | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step over a global batch (needs old_log_probs, and ref_log_probs for KL).
+
+        The loss is `policy_objective` reduced with the global counts (None: counted from
+        `batch`), so the step is the same however the batch is split into micro-batches and
+        ranks. Returns the summed loss metrics ("loss", "pg_loss", ...) plus "grad_norm"
+        (before clipping), "lr" (used by this step) and "num_micro_batches" (this rank).
+        """
+        ...
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """HF-named parameters and buffers, float32 on CPU, owned by the caller (copies)."""
+        ...
+
+    def save_hf(self, directory: str | Path) -> Path:
+        """Write an HF model directory (config, weights, tokenizer) that an engine can load."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpoint state: {"model", "optimizer", "scheduler", "rng"}; collective across ranks."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned; the next train_step is then identical."""
+        ...
+
+    def release_memory(self) -> None:
+        """Give accelerator memory back (colocated placement) until `resume_memory`."""
+        ...
+
+    def resume_memory(self) -> None:
+        """Undo `release_memory`; training continues exactly where it was."""
+        ...

@@ -1,0 +1,427 @@
+"""The PyTorch trainer backend: a transformers causal LM, AdamW, data parallelism with DDP.
+
+For tiny and CPU runs (and small GPU runs); Megatron-core is the production backend behind the
+same `TrainerBackend` interface. One instance per data-parallel rank. When torch.distributed
+is initialised (gloo on CPU, NCCL on GPU) the model is wrapped in DDP and each rank trains a
+token-balanced share of every global batch.
+
+Exactness across ranks and micro-batches: `policy_objective` scales each micro-batch's loss by
+the GLOBAL sample/token counts, so the global loss is the plain sum of all micro-batch losses
+on all ranks. Gradients accumulate over micro-batches (summing), and DDP averages over ranks,
+so each rank back-propagates world_size × its loss: the average of those is the global sum.
+
+Precision: parameters, gradients and optimizer state are float32 (master weights); on GPU the
+forward runs under autocast in `model.dtype` (bf16 by default); on CPU everything is float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ..algorithms.entropy import entropy_from_logits, log_probs_from_logits
+from ..algorithms.loss import policy_objective
+from ..algorithms.reduction import global_counts
+from .backend import LogProbs
+from .batch import TrainBatch
+from .config import TrainerConfig
+from .lr_schedule import LRSchedule
+from .packing import pack_row, partition_for_ranks, plan_micro_batches
+from .rng import capture_rng_state, restore_rng_state
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TorchBackend:
+    """`TrainerBackend` on a transformers `AutoModelForCausalLM`.
+
+    device: where this rank computes (default: the current CUDA device when CUDA is available,
+    else CPU). Construction seeds torch with `config.seed`, loads the actor from
+    `model.hf_checkpoint` and, when the loss needs one, a frozen reference from
+    `model.ref_load` (an HF directory) or the same initial weights.
+    """
+
+    def __init__(self, config: TrainerConfig, *, device: torch.device | str | None = None) -> None:
+        self.config = config
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.compute_dtype = _DTYPES[config.model.dtype] if self.device.type == "cuda" else torch.float32
+        torch.manual_seed(config.seed)
+
+        self.model = _load_causal_lm(config.model.hf_checkpoint, config.model.attn_implementation).to(self.device)
+        self._train_module: torch.nn.Module = self.model
+        if self.world_size > 1:
+            self._train_module = DistributedDataParallel(
+                self.model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                # Buffers here are rotary tables computed identically on every rank.
+                broadcast_buffers=False,
+            )
+        self.ref_model: torch.nn.Module | None = None
+        if config.loss.needs_ref_model:
+            ref_path = config.model.ref_load or config.model.hf_checkpoint
+            self.ref_model = _load_causal_lm(ref_path, config.model.attn_implementation).to(self.device)
+            self.ref_model.requires_grad_(False).eval()
+
+        self.optimizer = _make_adamw(self.model, config)
+        self.schedule = LRSchedule(self.optimizer, config.optimizer)
+        self._keeps_logits = _accepts_logits_to_keep(self.model)
+        self._released = False
+
+    # -- forward passes -------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_log_probs(
+        self, batch: TrainBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
+    ) -> LogProbs:
+        self._check_resident("compute_log_probs")
+        if model == "actor":
+            module = self.model
+        elif model == "ref":
+            if self.ref_model is None:
+                raise ValueError(
+                    "compute_log_probs(model='ref') needs a reference model; it is loaded when "
+                    "algorithm.use_kl_loss is true"
+                )
+            module = self.ref_model
+        else:
+            raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
+        was_training = module.training
+        module.eval()
+        mine = partition_for_ranks(batch.total_lengths, self.world_size)[self.rank]
+        local = batch.select(mine)
+        results: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        for group in self._plan(local):
+            logp, ent = self._forward(module, local.select(group), with_entropy=with_entropy, entropy_grad=False)
+            for j, i in enumerate(group):
+                results[mine[i]] = (logp[j].float().cpu(), None if ent is None else ent[j].float().cpu())
+        module.train(was_training)
+        if self.world_size > 1:
+            gathered: list[dict | None] = [None] * self.world_size
+            dist.all_gather_object(gathered, results)
+            results = {i: r for part in gathered for i, r in part.items()}
+        log_probs = [results[i][0] for i in range(len(batch))]
+        entropy = [results[i][1] for i in range(len(batch))] if with_entropy else None
+        return LogProbs(log_probs=log_probs, entropy=entropy)
+
+    def train_step(
+        self,
+        batch: TrainBatch,
+        *,
+        global_num_samples: int | None = None,
+        global_num_tokens: int | None = None,
+    ) -> dict[str, float]:
+        metrics = self.accumulate_gradients(
+            batch, global_num_samples=global_num_samples, global_num_tokens=global_num_tokens
+        )
+        clip = self.config.optimizer.clip_grad
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=clip if clip > 0 else math.inf)
+        )
+        lr = self.schedule.apply()
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            log.warning("gradient norm is %s; skipping this optimizer step", grad_norm)
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.schedule.advance()
+        return {**metrics, "grad_norm": grad_norm, "lr": lr, "skipped_step": float(skipped)}
+
+    def accumulate_gradients(
+        self,
+        batch: TrainBatch,
+        *,
+        global_num_samples: int | None = None,
+        global_num_tokens: int | None = None,
+    ) -> dict[str, float]:
+        """Set every parameter's `.grad` to the gradient of the global-batch loss; no step.
+
+        The first half of `train_step`, public so the gradient itself can be inspected. After
+        it, `.grad` is identical on every rank. Returns the loss metrics summed over
+        micro-batches and ranks, and "num_micro_batches" (this rank's).
+        """
+        self._check_resident("train_step")
+        if len(batch) == 0:
+            raise ValueError("train_step got an empty batch; a global batch needs at least one sample")
+        loss_cfg = self.config.loss
+        _require(batch, "old_log_probs", "fill it with compute_log_probs(batch, model='actor')")
+        if loss_cfg.use_kl_loss:
+            _require(batch, "ref_log_probs", "use_kl_loss is on: fill it with compute_log_probs(batch, model='ref')")
+        if loss_cfg.use_tis:
+            _require(batch, "rollout_log_probs", "TIS is on: pass the engine's per-token log-probs")
+        counted_samples, counted_tokens = global_counts(batch.loss_masks)
+        num_samples = counted_samples if global_num_samples is None else global_num_samples
+        num_tokens = counted_tokens if global_num_tokens is None else global_num_tokens
+
+        local = batch.select(partition_for_ranks(batch.total_lengths, self.world_size)[self.rank])
+        plan = self._plan(local)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        if not plan:
+            self._backward_nothing()  # this rank's share is empty; DDP still needs its all-reduce
+        for k, group in enumerate(plan):
+            mb = local.select(group)
+            with self._grad_sync(k == len(plan) - 1):
+                logp, ent = self._forward(
+                    self._train_module, mb, with_entropy=True, entropy_grad=loss_cfg.entropy_coef != 0
+                )
+                loss, metrics = policy_objective(
+                    log_probs=logp,
+                    old_log_probs=self._to_device(mb.old_log_probs),
+                    advantages=self._to_device(mb.advantages),
+                    loss_masks=self._to_device(mb.loss_masks),
+                    entropy=ent,
+                    ref_log_probs=self._to_device(mb.ref_log_probs),
+                    rollout_log_probs=self._to_device(mb.rollout_log_probs),
+                    global_num_samples=num_samples,
+                    global_num_tokens=num_tokens,
+                    **loss_cfg.objective_kwargs(),
+                )
+                # DDP averages gradients over ranks; the global loss is their sum.
+                (loss * self.world_size).backward()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+        return {**self._sum_over_ranks(sums), "num_micro_batches": float(len(plan))}
+
+    # -- weights out ----------------------------------------------------------------------
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in self.model.state_dict().items()}
+
+    def save_hf(self, directory: str | Path) -> Path:
+        """Config, float32 safetensors and the tokenizer of `hf_checkpoint`, written by rank 0.
+
+        Collective: the other ranks wait until the directory is complete.
+        """
+        from transformers import AutoTokenizer
+
+        directory = Path(directory)
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            state = {k: v.detach().to("cpu", torch.float32) for k, v in self.model.state_dict().items()}
+            self.model.save_pretrained(directory, state_dict=state)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(self.config.model.hf_checkpoint)
+            except (OSError, ValueError) as err:
+                raise RuntimeError(
+                    f"could not copy the tokenizer of model.hf_checkpoint={self.config.model.hf_checkpoint!r} "
+                    f"into {directory}: {err}"
+                ) from err
+            tokenizer.save_pretrained(directory)
+        if self.world_size > 1:
+            dist.barrier()
+        return directory
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """CPU copies of model, optimizer, scheduler and every rank's RNG state (collective)."""
+        rng = [capture_rng_state()]
+        if self.world_size > 1:
+            rng = [None] * self.world_size
+            dist.all_gather_object(rng, capture_rng_state())
+        return {
+            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+            "optimizer": _to_cpu(self.optimizer.state_dict()),
+            "scheduler": self.schedule.state_dict(),
+            "rng": {"per_rank": rng},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = {"model", "optimizer", "scheduler", "rng"} - set(state)
+        if missing:
+            raise ValueError(f"trainer state lacks {sorted(missing)}; got keys {sorted(state)}")
+        self.model.load_state_dict(state["model"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["scheduler"])
+        per_rank = state["rng"]["per_rank"]
+        if len(per_rank) != self.world_size:
+            log.warning(
+                "checkpoint has RNG states of %d ranks, this run has %d; every rank takes rank 0's",
+                len(per_rank),
+                self.world_size,
+            )
+        restore_rng_state(per_rank[self.rank] if len(per_rank) == self.world_size else per_rank[0])
+
+    # -- colocated placement --------------------------------------------------------------
+
+    def release_memory(self) -> None:
+        """Free gradients; on GPU also move weights, reference model and Adam moments to CPU.
+
+        Gradients are dropped (they are rebuilt by the next step anyway). On a CPU trainer that
+        is all there is to give back: the weights and moments already live in host memory. On
+        GPU the actor, the reference model and the optimizer's moment tensors move to host
+        memory (same Parameter objects, so the optimizer and DDP keep their references) and the
+        CUDA caching allocator returns its free blocks. DDP's gradient buckets (one model-size
+        buffer) stay allocated. Forward passes raise until `resume_memory`.
+        """
+        if self._released:
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type != "cpu":
+            self._move_resident(torch.device("cpu"))
+            torch.cuda.empty_cache()
+        self._released = True
+
+    def resume_memory(self) -> None:
+        """Move what `release_memory` offloaded back to the training device."""
+        if not self._released:
+            return
+        if self.device.type != "cpu":
+            self._move_resident(self.device)
+        self._released = False
+
+    @property
+    def memory_released(self) -> bool:
+        return self._released
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _plan(self, batch: TrainBatch) -> list[list[int]]:
+        b = self.config.batching
+        return plan_micro_batches(
+            batch.total_lengths,
+            dynamic_batch_size=b.dynamic_batch_size,
+            max_tokens_per_gpu=b.max_tokens_per_gpu,
+            micro_batch_size=b.micro_batch_size,
+        )
+
+    def _forward(
+        self, module: torch.nn.Module, mb: TrainBatch, *, with_entropy: bool, entropy_grad: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per-sample response log-probs (and entropy) of one packed micro-batch.
+
+        Returns lists of [R_i] float32 tensors on `self.device`.
+        """
+        row = pack_row(mb.tokens, device=self.device)
+        # sdpa takes the bool mask; eager adds the float one to its scores.
+        sdpa = self.config.model.attn_implementation == "sdpa"
+        mask = row.attention_mask() if sdpa else row.attention_mask(dtype=torch.float32)
+        positions = row.response_positions(mb.response_lengths)  # [ΣR]: logits at t predict token t+1
+        extra = {"logits_to_keep": positions} if self._keeps_logits else {}
+        with self._autocast():
+            out = module(
+                input_ids=row.input_ids,
+                position_ids=row.position_ids,
+                attention_mask=mask,
+                use_cache=False,
+                **extra,
+            )
+        logits = out.logits[0] if self._keeps_logits else out.logits[0, positions]  # [ΣR, V]
+        targets = row.input_ids[0, positions + 1]
+        temperature = self.config.temperature
+        logp = log_probs_from_logits(logits, targets, temperature)
+        ent = None
+        if with_entropy:
+            ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature)
+        split = list(mb.response_lengths)
+        return list(logp.split(split)), None if ent is None else list(ent.split(split))
+
+    def _backward_nothing(self) -> None:
+        """A zero-loss forward/backward so DDP's all-reduce on the other ranks has a partner."""
+        dummy = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        with self._grad_sync(True), self._autocast():
+            logits = self._train_module(input_ids=dummy, use_cache=False).logits
+        (logits.float().sum() * 0.0).backward()
+
+    def _grad_sync(self, sync: bool):
+        if isinstance(self._train_module, DistributedDataParallel) and not sync:
+            return self._train_module.no_sync()
+        return contextlib.nullcontext()
+
+    def _autocast(self):
+        if self.device.type == "cuda" and self.compute_dtype != torch.float32:
+            return torch.autocast("cuda", dtype=self.compute_dtype)
+        return contextlib.nullcontext()
+
+    def _to_device(self, tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+        return None if tensors is None else [t.to(self.device, non_blocking=True) for t in tensors]
+
+    def _sum_over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
+        if self.world_size == 1:
+            return sums
+        gathered: list[dict[str, float] | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, sums)
+        total: dict[str, float] = {}
+        for part in gathered:
+            for key, value in part.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+    def _move_resident(self, device: torch.device) -> None:
+        self.model.to(device)
+        if self.ref_model is not None:
+            self.ref_model.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                # Adam's scalar `step` stays where torch keeps it; the moments follow the weights.
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    state[key] = value.to(device, non_blocking=True)
+
+    def _check_resident(self, what: str) -> None:
+        if self._released:
+            raise RuntimeError(f"{what} called while the trainer's memory is released; call resume_memory() first")
+
+
+def _load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    # transformers 5 renamed torch_dtype to dtype.
+    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    return AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation=attn_implementation, **{dtype_kw: torch.float32}
+    )
+
+
+def _make_adamw(model: torch.nn.Module, config: TrainerConfig) -> torch.optim.AdamW:
+    """AdamW; like Megatron, biases and norm weights (1-D parameters) get no weight decay."""
+    opt = config.optimizer
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps
+    )
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model computes lm_head logits only at given positions (saves [T, V] memory)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def _require(batch: TrainBatch, field: str, how: str) -> None:
+    if getattr(batch, field) is None:
+        raise ValueError(f"train_step needs TrainBatch.{field}, which is None; {how}")
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A deep copy of a (nested) state dict with every tensor on CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu(v) for v in obj)
+    return obj
