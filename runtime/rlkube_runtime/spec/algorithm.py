@@ -19,7 +19,7 @@ class TisSpec(SpecModel):
     model_config = cel_rules(
         {
             "rule": "!has(self.clipLow) || !has(self.clip) || self.clipLow <= self.clip",
-            "messageExpression": "'clipLow(' + string(self.clipLow) + ') must be <= clip(' + string(self.clip) + ')'",
+            "messageExpression": "'clipLow(%s) must be <= clip(%s)'.format([self.clipLow, self.clip])",
             "fieldPath": ".clipLow",
         }
     )
@@ -41,8 +41,7 @@ class AlgorithmSpec(SpecModel):
     model_config = cel_rules(
         {
             "rule": "!has(self.epsClipHigh) || !has(self.epsClip) || self.epsClipHigh >= self.epsClip",
-            "messageExpression": "'epsClipHigh(' + string(self.epsClipHigh) + ') must be >= epsClip(' + "
-            "string(self.epsClip) + ')'",
+            "messageExpression": "'epsClipHigh(%s) must be >= epsClip(%s)'.format([self.epsClipHigh, self.epsClip])",
             "fieldPath": ".epsClipHigh",
         }
     )

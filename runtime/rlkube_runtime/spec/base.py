@@ -119,6 +119,8 @@ def cel_rules(*rules: dict[str, str]) -> ConfigDict:
 
     Each rule mirrors a Python check in the same model, so the API server and `rlkube validate`
     refuse the same specs. Rules only read scalar fields of their own node and its children, which
-    keeps their estimated CEL cost constant.
+    keeps their estimated CEL cost constant. A messageExpression that shows numbers must use
+    `'...%d...'.format([...])`: kube-apiserver (1.34) estimates `'...' + string(n)` as unbounded and
+    refuses the whole CRD.
     """
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": [dict(rule) for rule in rules]})

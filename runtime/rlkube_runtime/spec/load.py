@@ -121,11 +121,18 @@ def parse_rljob(doc: Any) -> RLJob:
         # A different kind of object: its spec would only add noise.
         raise SpecError(envelope)
     try:
-        # by_name=False: YAML must use the camelCase names the API server knows; snake_case would
-        # pass here and be pruned there.
-        return RLJob.model_validate(doc, by_alias=True, by_name=False)
+        return _validate_by_alias(doc)
     except ValidationError as exc:
         raise SpecError(validation_errors(exc)) from None
+
+
+def _validate_by_alias(doc: dict[str, Any]) -> RLJob:
+    """YAML must use the camelCase names the API server knows: snake_case would pass here and be
+    pruned there. (pydantic < 2.11 has no per-call by_name and accepts both.)"""
+    try:
+        return RLJob.model_validate(doc, by_alias=True, by_name=False)
+    except TypeError:
+        return RLJob.model_validate(doc)
 
 
 def load_rljobs(path: str | Path) -> list[RLJob]:

@@ -30,24 +30,23 @@ _ASYNC_COLOCATED = (
 
 # The batch equation, CEL side. `nSamplesPerPrompt` and `numStepsPerRollout` always have a value
 # there (the CRD defaults them before validation); `globalBatchSize` may be absent and is then derived.
+# Messages use `'...'.format([...])`: the API server's cost estimate of `'...' + string(n)` is
+# unbounded and it refuses the CRD, while format() is estimated from its arguments.
 _SAMPLES = "self.rollout.batchSize * self.rollout.nSamplesPerPrompt"
-_SAMPLES_TEXT = (
-    "'rollout.batchSize(' + string(self.rollout.batchSize) + ') x nSamplesPerPrompt(' + "
-    f"string(self.rollout.nSamplesPerPrompt) + ') = ' + string({_SAMPLES})"
-)
+_SAMPLES_ARGS = f"self.rollout.batchSize, self.rollout.nSamplesPerPrompt, {_SAMPLES}"
+_TRAINED = "self.training.globalBatchSize * self.training.numStepsPerRollout"
 BATCH_EQUATION_RULE = {
-    "rule": f"!has(self.training.globalBatchSize) || {_SAMPLES} == "
-    "self.training.globalBatchSize * self.training.numStepsPerRollout",
-    "messageExpression": f"{_SAMPLES_TEXT} + ' but globalBatchSize(' + string(self.training.globalBatchSize) + "
-    "') x numStepsPerRollout(' + string(self.training.numStepsPerRollout) + ') = ' + "
-    "string(self.training.globalBatchSize * self.training.numStepsPerRollout)",
+    "rule": f"!has(self.training.globalBatchSize) || {_SAMPLES} == {_TRAINED}",
+    "messageExpression": "'rollout.batchSize(%d) x nSamplesPerPrompt(%d) = %d but globalBatchSize(%d) x "
+    f"numStepsPerRollout(%d) = %d'.format([{_SAMPLES_ARGS}, self.training.globalBatchSize, "
+    f"self.training.numStepsPerRollout, {_TRAINED}])",
     "fieldPath": ".training.globalBatchSize",
 }
 BATCH_DIVISIBLE_RULE = {
     "rule": f"has(self.training.globalBatchSize) || ({_SAMPLES}) % self.training.numStepsPerRollout == 0",
-    "messageExpression": f"{_SAMPLES_TEXT} + ' samples cannot be split into numStepsPerRollout(' + "
-    "string(self.training.numStepsPerRollout) + ') equal optimizer steps; set globalBatchSize or a "
-    "numStepsPerRollout that divides it'",
+    "messageExpression": "'rollout.batchSize(%d) x nSamplesPerPrompt(%d) = %d samples cannot be split into "
+    "numStepsPerRollout(%d) equal optimizer steps; set globalBatchSize or a numStepsPerRollout that divides it'"
+    f".format([{_SAMPLES_ARGS}, self.training.numStepsPerRollout])",
     "fieldPath": ".training.numStepsPerRollout",
 }
 ASYNC_PLACEMENT_RULE = {

@@ -19,9 +19,8 @@ class RolloutSpec(SpecModel):
     model_config = cel_rules(
         {
             "rule": "!has(self.overSamplingBatchSize) || self.overSamplingBatchSize > self.batchSize",
-            "messageExpression": "'overSamplingBatchSize(' + string(self.overSamplingBatchSize) + "
-            "') must be greater than batchSize(' + string(self.batchSize) + "
-            "'): over-sampling asks for more prompts than it keeps'",
+            "messageExpression": "'overSamplingBatchSize(%d) must be greater than batchSize(%d): over-sampling "
+            "asks for more prompts than it keeps'.format([self.overSamplingBatchSize, self.batchSize])",
             "fieldPath": ".overSamplingBatchSize",
         },
         {
