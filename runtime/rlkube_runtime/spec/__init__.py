@@ -10,6 +10,7 @@ from .checkpoint import CheckpointSpec
 from .data import DataSpec, builtin_task_name
 from .eval import EvalDatasetSpec, EvalSpec
 from .fault_tolerance import FaultToleranceSpec, HealthCheckSpec
+from .load import SpecError, load_rljob, load_rljobs, parse_rljob
 from .model import ModelSpec
 from .parallelism import ParallelismSpec
 from .resources import ResourcesSpec, RolloutResources, TrainerResources
@@ -65,6 +66,7 @@ __all__ = [
     "RewardType",
     "RolloutResources",
     "RolloutSpec",
+    "SpecError",
     "SpecModel",
     "TisSpec",
     "TrainerResources",
@@ -72,4 +74,7 @@ __all__ = [
     "batch_violations",
     "builtin_task_name",
     "format_progress",
+    "load_rljob",
+    "load_rljobs",
+    "parse_rljob",
 ]

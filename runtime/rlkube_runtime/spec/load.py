@@ -153,6 +153,15 @@ def load_rljobs(path: str | Path) -> list[RLJob]:
     return jobs
 
 
+def load_rljob(path: str | Path) -> RLJob:
+    """The one RLJob in a YAML file (what `rlkube run FILE` runs); raises SpecError otherwise."""
+    jobs = load_rljobs(path)
+    if len(jobs) != 1:
+        names = ", ".join(job.metadata.name for job in jobs)
+        raise SpecError([("", f"expected exactly one RLJob, found {len(jobs)} ({names}); put each job in its own file")], str(path))
+    return jobs[0]
+
+
 def _envelope_errors(doc: dict[str, Any]) -> ErrorList:
     errors: ErrorList = []
     for key, expected in (("apiVersion", API_VERSION), ("kind", KIND)):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlkube_runtime.cli import main as rlkube
-from rlkube_runtime.spec.load import load_documents, load_rljobs
+from rlkube_runtime.spec.load import SpecError, load_documents, load_rljob, load_rljobs
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
@@ -36,8 +36,16 @@ def test_every_rljob_anywhere_in_manifests_validates():
                 assert load_rljobs(path), path
 
 
+def test_load_rljob_wants_exactly_one(tmp_path):
+    two = tmp_path / "two.yaml"
+    text = (REPO / "manifests" / "examples" / "local-tiny.yaml").read_text()
+    two.write_text(text + "---\n" + text.replace("name: local-tiny", "name: other"))
+    with pytest.raises(SpecError, match=r"expected exactly one RLJob, found 2 \(local-tiny, other\)"):
+        load_rljob(two)
+
+
 def test_local_tiny_is_the_embedded_default():
-    [job] = load_rljobs(REPO / "manifests" / "examples" / "local-tiny.yaml")
+    job = load_rljob(REPO / "manifests" / "examples" / "local-tiny.yaml")
     spec = job.spec
     assert (spec.model.preset, spec.data.prompt_data) == ("tiny", "builtin:digit-successor")
     assert (spec.rollout.engine, spec.reward.type, spec.resources.placement) == ("builtin", "exact", "colocated")
