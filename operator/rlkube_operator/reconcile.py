@@ -250,7 +250,7 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
         phase, reason, message = RLJobPhase.SUSPENDED, "Suspending", f"suspending RayJob {name}: its pods are being deleted"
     elif not want_suspend and phase == RLJobPhase.SUSPENDED:
         phase, reason, message = RLJobPhase.STARTING, "Resuming", f"resuming RayJob {name} from the latest checkpoint"
-    _status(obs, job, plan, phase, reason, message, n, attempt)
+    _status(obs, job, plan, phase, reason, message, n, current, attempt)
     plan.requeue_after = settings.resync_seconds
     return plan
 

@@ -1,0 +1,150 @@
+"""The controller's read -> decide -> act loop over an in-memory stand-in for the API (the real
+API server is exercised in tests/integration/test_operator.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from datetime import timedelta
+
+from operator_testutil import NOW, default_settings, make_body
+
+from rlkube_operator import metrics, render
+from rlkube_operator.controller import Controller
+
+
+class MemoryKube:
+    """Objects by (kind, namespace, name); merge patches applied one level deep, as the tests need."""
+
+    def __init__(self, rljob):
+        self.objects = {("RLJob", rljob["metadata"]["namespace"], rljob["metadata"]["name"]): rljob}
+        self.calls = []
+
+    def _key(self, kind, ns, name):
+        return (kind, ns, name)
+
+    def get_rljob(self, ns, name):
+        return copy.deepcopy(self.objects.get(("RLJob", ns, name)))
+
+    def patch_rljob_status(self, ns, name, patch):
+        self.calls.append(("patch-status", name))
+        status = self.objects[("RLJob", ns, name)].setdefault("status", {})
+        for k, v in patch.items():
+            if v is None:
+                status.pop(k, None)
+            elif isinstance(v, dict) and isinstance(status.get(k), dict):
+                status[k].update(v)
+            else:
+                status[k] = copy.deepcopy(v)
+
+    def delete_rljob(self, ns, name):
+        self.objects.pop(("RLJob", ns, name), None)
+
+    def list_rayjobs(self, ns, selector):
+        key, value = selector.split("=")
+        return [copy.deepcopy(o) for (kind, n, _), o in self.objects.items()
+                if kind == "RayJob" and n == ns and o["metadata"]["labels"].get(key) == value]
+
+    def patch_rayjob(self, ns, name, patch):
+        obj = self.objects[("RayJob", ns, name)]
+        for section, values in patch.items():
+            target = obj.setdefault(section, {})
+            for k, v in values.items():
+                if isinstance(v, dict):
+                    target.setdefault(k, {}).update(v)
+                else:
+                    target[k] = v
+
+    def delete_rayjob(self, ns, name):
+        self.calls.append(("delete", "RayJob", name))
+        self.objects.pop(("RayJob", ns, name), None)
+
+    def get(self, kind, ns, name):
+        return copy.deepcopy(self.objects.get((kind, ns, name)))
+
+    def update_configmap_data(self, ns, name, data):
+        self.objects[("ConfigMap", ns, name)]["data"] = dict(data)
+
+    def list_pods(self, ns, selector):
+        return []
+
+    def create(self, obj):
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if key in self.objects:
+            return False
+        self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
+        self.objects[key] = copy.deepcopy(obj)
+        return True
+
+
+class Clock:
+    def __init__(self):
+        self.now = NOW
+
+    def __call__(self):
+        return self.now
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _controller(body):
+    kube = MemoryKube(body)
+    events = []
+    clock = Clock()
+    controller = Controller(kube, default_settings(), emit=lambda b, e: events.append((e.type, e.reason)), clock=clock)
+    return controller, kube, events, clock
+
+
+async def _reconcile(controller, name="tiny"):
+    try:
+        return await controller.reconcile("team-a", name)
+    finally:
+        controller.stop()
+
+
+def test_reconciling_twice_creates_each_object_once():
+    controller, kube, events, _ = _controller(make_body())
+    for _ in range(3):
+        _run(_reconcile(controller))
+    creates = [c for c in kube.calls if c[0] == "create"]
+    assert creates == [("create", "ConfigMap", "tiny-spec"), ("create", "ServiceAccount", "tiny-runtime"),
+                       ("create", "Role", "tiny-runtime"), ("create", "RoleBinding", "tiny-runtime"),
+                       ("create", "RayJob", "tiny-0")]
+    # Written after creating, again once the RayJob is seen, then left alone.
+    assert [c for c in kube.calls if c[0] == "patch-status"] == [("patch-status", "tiny")] * 2
+    assert events == [("Normal", "Pending")]
+    assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["phase"] == "Pending"
+
+
+def test_a_failure_then_the_backoff_then_the_next_attempt():
+    controller, kube, events, clock = _controller(make_body({"faultTolerance": {"backoffSeconds": 10}}))
+    _run(_reconcile(controller))
+    kube.objects[("RayJob", "team-a", "tiny-0")]["status"] = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED"}
+    plan = _run(_reconcile(controller))
+    assert plan.requeue_after == 10
+    assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["phase"] == "Restarting"
+    restarts_before = metrics.RESTARTS._value.get()
+    clock.now = NOW + timedelta(seconds=11)
+    _run(_reconcile(controller))
+    assert ("RayJob", "team-a", "tiny-0") not in kube.objects
+    assert kube.objects[("RayJob", "team-a", "tiny-1")]["metadata"]["labels"][render.LABEL_ATTEMPT] == "1"
+    assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["restarts"] == {"job": 1}
+    assert metrics.RESTARTS._value.get() == restarts_before + 1
+    assert events == [("Normal", "Pending"), ("Warning", "Restarting")]
+
+
+def test_objects_of_someone_else_are_not_taken_over():
+    body = make_body()
+    controller, kube, events, _ = _controller(body)
+    kube.objects[("ConfigMap", "team-a", "tiny-spec")] = {"metadata": {"name": "tiny-spec", "ownerReferences": []}}
+    _run(_reconcile(controller))
+    assert not any(c[0] == "create" for c in kube.calls)
+    assert ("Warning", "NameConflict") in events
+
+
+def test_a_deleted_rljob_is_forgotten():
+    controller, kube, _, _ = _controller(make_body())
+    kube.objects.clear()
+    assert _run(_reconcile(controller)) is None

@@ -1,0 +1,314 @@
+"""What the operator decides to do for one RLJob, given what it observed."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+
+import pytest
+from operator_testutil import CREATED, NOW, make_body, observed, rayjob_with_status
+
+from rlkube_operator import render
+from rlkube_operator.reconcile import FAILED_AT_ANNOTATION, backoff_seconds, current_attempt, reconcile
+from rlkube_operator.status import status_changes
+
+RUNNING = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": "tiny-0-x1y2z"}
+FAILED = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed", "message": "trainer crashed"}
+
+
+def _kinds(plan):
+    return [(o["kind"], o["metadata"]["name"]) for o in plan.create]
+
+
+def _conditions(plan):
+    return {c["type"]: c for c in plan.status["conditions"]}
+
+
+def _apply_status(body, plan):
+    """The body as it looks after the controller wrote plan.status."""
+    body = copy.deepcopy(body)
+    status = body.setdefault("status", {})
+    for key, value in status_changes(status, plan.status).items():
+        if value is None:
+            status.pop(key, None)
+        elif key == "restarts":
+            status.setdefault("restarts", {}).update(value)
+        else:
+            status[key] = value
+    return body
+
+
+def test_a_new_rljob_gets_its_configmap_rbac_and_first_rayjob(settings):
+    body = make_body()
+    plan = reconcile(observed(body, configmap=None, children=False), settings)
+    assert _kinds(plan) == [
+        ("ConfigMap", "tiny-spec"), ("ServiceAccount", "tiny-runtime"), ("Role", "tiny-runtime"),
+        ("RoleBinding", "tiny-runtime"), ("RayJob", "tiny-0"),
+    ]
+    assert plan.status["phase"] == "Pending"
+    assert plan.status["rayJobName"] == "tiny-0"
+    assert plan.status["restarts"] == {"job": 0}
+    assert plan.status["progressText"] == "0/10"
+    assert plan.status["observedGeneration"] == 1
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Pending")]
+    assert plan.requeue_after == settings.resync_seconds
+
+
+def test_missing_children_are_recreated_without_touching_the_running_rayjob(settings):
+    body = make_body(status={"phase": "Running"})
+    rj = rayjob_with_status(body, 0, RUNNING)
+    plan = reconcile(observed(body, [rj], children=False), settings)
+    assert _kinds(plan) == [("ServiceAccount", "tiny-runtime"), ("Role", "tiny-runtime"), ("RoleBinding", "tiny-runtime")]
+    assert not plan.delete_rayjobs and not plan.patch_rayjobs
+
+
+def test_running_rayjob_makes_the_rljob_running_and_ready(settings):
+    body = make_body(status={"phase": "Starting", "progress": {"rollout": 3, "numRollout": 10}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 0, RUNNING)]), settings)
+    assert plan.create == []
+    assert plan.status["phase"] == "Running"
+    assert plan.status["rayClusterName"] == "tiny-0-x1y2z"
+    assert plan.status["progressText"] == "3/10"
+    assert _conditions(plan)["Ready"]["status"] == "True"
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Running")]
+
+
+def test_reconciling_again_after_writing_the_status_changes_nothing(settings):
+    body = make_body()
+    first = reconcile(observed(body, configmap=None, children=False), settings)
+    body = _apply_status(body, first)
+    rj = rayjob_with_status(body, 0, RUNNING)
+    second = reconcile(observed(body, [rj], now=NOW + timedelta(seconds=5)), settings)
+    body = _apply_status(body, second)
+    third = reconcile(observed(body, [rj], now=NOW + timedelta(seconds=10)), settings)
+    assert third.create == [] and third.delete_rayjobs == [] and third.patch_rayjobs == []
+    assert status_changes(body["status"], third.status) == {}
+    assert third.events == []
+
+
+def test_a_failed_attempt_waits_its_backoff_stamping_the_failure_on_the_rayjob(settings):
+    body = make_body({"faultTolerance": {"backoffSeconds": 10, "backoffLimit": 3}}, status={"phase": "Running"})
+    rj = rayjob_with_status(body, 0, FAILED)
+    plan = reconcile(observed(body, [rj]), settings)
+    assert plan.status["phase"] == "Restarting"
+    assert plan.create == [] and plan.delete_rayjobs == []
+    assert plan.patch_rayjobs == [("tiny-0", {"metadata": {"annotations": {FAILED_AT_ANNOTATION: "2026-03-01T12:00:00Z"}}})]
+    assert plan.requeue_after == pytest.approx(10)
+    assert "attempt 1 (restart 1 of 3) starts at 2026-03-01T12:00:10Z" in plan.status["message"]
+    assert "trainer crashed" in plan.status["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "Restarting")]
+
+
+def test_the_backoff_survives_an_operator_restart(settings):
+    body = make_body({"faultTolerance": {"backoffSeconds": 10}}, status={"phase": "Restarting"})
+    stamped = (NOW - timedelta(seconds=4)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rj = rayjob_with_status(body, 0, FAILED, annotations={FAILED_AT_ANNOTATION: stamped})
+    plan = reconcile(observed(body, [rj]), settings)
+    assert plan.patch_rayjobs == []
+    assert plan.requeue_after == pytest.approx(6)
+
+
+def test_after_the_backoff_the_next_attempt_replaces_the_failed_one(settings):
+    body = make_body({"faultTolerance": {"backoffSeconds": 10}}, status={"phase": "Restarting", "restarts": {"job": 1}})
+    stamped = (NOW - timedelta(seconds=21)).strftime("%Y-%m-%dT%H:%M:%SZ")  # attempt 1 waits 10 x 2^1 = 20 s
+    rj = rayjob_with_status(body, 1, FAILED, annotations={FAILED_AT_ANNOTATION: stamped})
+    plan = reconcile(observed(body, [rj]), settings)
+    assert _kinds(plan) == [("RayJob", "tiny-2")]
+    assert plan.create[0]["metadata"]["labels"][render.LABEL_ATTEMPT] == "2"
+    assert plan.delete_rayjobs == ["tiny-1"]
+    assert plan.status["restarts"] == {"job": 2}
+    assert plan.status["rayJobName"] == "tiny-2"
+
+
+def test_a_restart_whose_status_write_was_lost_is_not_done_twice(settings):
+    body = make_body(status={"phase": "Restarting", "restarts": {"job": 0}})
+    old = rayjob_with_status(body, 0, FAILED)
+    new = rayjob_with_status(body, 1, {"jobDeploymentStatus": "Initializing"})
+    plan = reconcile(observed(body, [old, new]), settings)
+    assert plan.create == []
+    assert plan.delete_rayjobs == ["tiny-0"]
+    assert plan.status["restarts"] == {"job": 1}
+    assert plan.status["phase"] == "Starting"
+    assert current_attempt(body["status"], [old, new]) == 1
+
+
+def test_restarts_stop_at_the_backoff_limit(settings):
+    body = make_body({"faultTolerance": {"backoffLimit": 2}}, status={"phase": "Running", "restarts": {"job": 2}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 2, FAILED)]), settings)
+    assert plan.status["phase"] == "Failed"
+    assert _conditions(plan)["Failed"]["reason"] == "BackoffLimitExceeded"
+    assert "backoffLimit(2) restarts used up" in plan.status["message"]
+    assert plan.create == [] and plan.delete_rayjobs == []
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "Failed")]
+
+
+def test_without_fault_tolerance_the_first_failure_is_final(settings):
+    body = make_body({"faultTolerance": {"enabled": False}}, status={"phase": "Running"})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 0, FAILED)]), settings)
+    assert plan.status["phase"] == "Failed"
+    assert "faultTolerance.enabled is false" in plan.status["message"]
+
+
+def test_a_deadline_failure_is_not_retried(settings):
+    body = make_body(status={"phase": "Running"})
+    rj = rayjob_with_status(body, 0, {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded"})
+    plan = reconcile(observed(body, [rj]), settings)
+    assert plan.status["phase"] == "Failed"
+    assert _conditions(plan)["Failed"]["reason"] == "DeadlineExceeded"
+
+
+@pytest.mark.parametrize(("restarts", "base", "cap", "expected"), [
+    (0, 10, 300, 10), (1, 10, 300, 20), (3, 10, 300, 80), (5, 10, 300, 300), (2, 0, 300, 0), (1, 1, 300, 2),
+])
+def test_backoff_doubles_per_restart_up_to_the_cap(restarts, base, cap, expected):
+    assert backoff_seconds(restarts, base, cap) == expected
+
+
+def test_suspending_a_running_job_suspends_its_rayjob(settings):
+    body = make_body({"suspend": True}, status={"phase": "Running"})
+    rj = rayjob_with_status(body, 0, RUNNING)
+    rj["spec"]["suspend"] = False  # as it was created, before the user set spec.suspend
+    plan = reconcile(observed(body, [rj]), settings)
+    assert plan.patch_rayjobs == [("tiny-0", {"spec": {"suspend": True}})]
+    assert plan.status["phase"] == "Suspended"
+    assert _conditions(plan)["Suspended"]["status"] == "True"
+    assert _conditions(plan)["Progressing"]["reason"] == "Suspending"
+
+
+def test_a_suspended_rayjob_stays_quietly_suspended(settings):
+    body = make_body({"suspend": True}, status={"phase": "Suspended"})
+    rj = rayjob_with_status(body, 0, {"jobDeploymentStatus": "Suspended"})
+    rj["spec"]["suspend"] = True
+    plan = reconcile(observed(body, [rj]), settings)
+    assert plan.patch_rayjobs == [] and plan.events == []
+    assert plan.status["phase"] == "Suspended"
+
+
+def test_resuming_unsuspends_the_rayjob_and_refreshes_the_spec_file(settings):
+    old_body = make_body()
+    body = make_body({"suspend": False, "training": {"numRollout": 20}}, status={"phase": "Suspended"})
+    rj = rayjob_with_status(body, 0, {"jobDeploymentStatus": "Suspended"})
+    rj["spec"]["suspend"] = True
+    cm = render.render_configmap(render.JobRef.from_body(old_body), old_body["spec"])
+    plan = reconcile(observed(body, [rj], configmap=cm), settings)
+    assert plan.patch_rayjobs == [("tiny-0", {"spec": {"suspend": False}})]
+    assert plan.status["phase"] == "Starting"
+    assert plan.update_configmap is not None
+    assert render.configmap_spec(plan.update_configmap)["training"]["numRollout"] == 20
+
+
+def test_a_job_created_suspended_gets_a_suspended_rayjob(settings):
+    body = make_body({"suspend": True})
+    plan = reconcile(observed(body, configmap=None, children=False), settings)
+    rayjob = plan.create[-1]
+    assert rayjob["spec"]["suspend"] is True
+    assert plan.status["phase"] == "Suspended"
+
+
+def test_a_running_job_keeps_its_spec_file_when_mutable_fields_change(settings):
+    started = make_body()
+    body = make_body({"training": {"numRollout": 99}}, status={"phase": "Running"})
+    cm = render.render_configmap(render.JobRef.from_body(started), started["spec"])
+    plan = reconcile(observed(body, [rayjob_with_status(body, 0, RUNNING)], configmap=cm), settings)
+    assert plan.update_configmap is None
+    assert "SpecChangeIgnored" not in _conditions(plan)
+
+
+def test_a_change_to_a_fixed_field_is_ignored_with_a_condition_and_an_event(settings):
+    started = make_body()
+    body = make_body({"model": {"preset": "other"}, "rollout": {"batchSize": 8}, "training": {"globalBatchSize": 16}},
+                     status={"phase": "Running"})
+    cm = render.render_configmap(render.JobRef.from_body(started), started["spec"])
+    plan = reconcile(observed(body, [rayjob_with_status(body, 0, RUNNING)], configmap=cm), settings)
+    cond = _conditions(plan)["SpecChangeIgnored"]
+    assert cond["status"] == "True"
+    assert "spec.model, spec.rollout.batchSize, spec.training.globalBatchSize cannot change" in cond["message"]
+    assert ("Warning", "SpecChangeIgnored") in [(e.type, e.reason) for e in plan.events]
+    assert plan.status["phase"] == "Running"
+
+
+def test_an_ignored_change_keeps_the_running_values_in_the_next_attempt(settings):
+    started = make_body({"faultTolerance": {"backoffSeconds": 0}})
+    body = make_body({"faultTolerance": {"backoffSeconds": 0}, "model": {"preset": "other"},
+                      "training": {"numRollout": 30}}, status={"phase": "Running"})
+    cm = render.render_configmap(render.JobRef.from_body(started), started["spec"])
+    rj = rayjob_with_status(body, 0, FAILED, annotations={FAILED_AT_ANNOTATION: "2026-03-01T11:00:00Z"})
+    plan = reconcile(observed(body, [rj], configmap=cm), settings)
+    assert _kinds(plan) == [("RayJob", "tiny-1")]
+    spec = render.configmap_spec(plan.update_configmap)
+    assert spec["model"]["preset"] == "tiny"  # held
+    assert spec["training"]["numRollout"] == 30  # mutable: taken at the new attempt
+
+
+def test_an_invalid_spec_fails_at_once_naming_the_field(settings):
+    body = make_body({"rollout": {"batchSize": 4, "nSamplesPerPrompt": 2}, "training": {"globalBatchSize": 3}})
+    plan = reconcile(observed(body, configmap=None, children=False), settings)
+    assert plan.create == []
+    assert plan.status["phase"] == "Failed"
+    assert _conditions(plan)["Failed"]["reason"] == "InvalidSpec"
+    assert plan.permanent_error.startswith("spec.training.globalBatchSize: ")
+    assert "globalBatchSize(3)" in plan.permanent_error
+
+
+def test_a_spec_that_cannot_become_pods_fails_naming_the_field(settings):
+    body = make_body({"resources": {"placement": "separate", "rollout": {"gpus": 3}}, "rollout": {"gpusPerEngine": 2}})
+    plan = reconcile(observed(body, configmap=None, children=False), settings)
+    assert plan.status["phase"] == "Failed"
+    assert plan.permanent_error.startswith("spec.rollout.gpusPerEngine: ")
+    assert not any(o["kind"] == "RayJob" for o in plan.create)
+
+
+def test_a_too_long_name_fails_naming_metadata_name(settings):
+    body = make_body(name="a" * 45)
+    plan = reconcile(observed(body, configmap=None, children=False), settings)
+    assert plan.permanent_error.startswith("metadata.name: ")
+    assert plan.create == []
+
+
+def test_the_deadline_covers_the_whole_job(settings):
+    body = make_body({"activeDeadlineSeconds": 600}, status={"phase": "Running"})
+    plan = reconcile(observed(body, configmap=None, children=False), settings)
+    assert plan.create[-1]["spec"]["activeDeadlineSeconds"] == 300  # created 5 minutes ago
+    late = reconcile(observed(body, [rayjob_with_status(body, 0, RUNNING)], now=CREATED + timedelta(seconds=601)),
+                     settings)
+    assert late.status["phase"] == "Failed"
+    assert _conditions(late)["Failed"]["reason"] == "DeadlineExceeded"
+    assert late.delete_rayjobs == ["tiny-0"]
+
+
+def test_success_is_final_and_the_ttl_deletes_the_rljob(settings):
+    body = make_body({"ttlSecondsAfterFinished": 60}, status={"phase": "Running"})
+    done = reconcile(observed(body, [rayjob_with_status(body, 0, {"jobDeploymentStatus": "Complete",
+                                                                   "jobStatus": "SUCCEEDED"})]), settings)
+    assert done.status["phase"] == "Succeeded"
+    assert _conditions(done)["Progressing"]["status"] == "False"
+    assert done.requeue_after == 60
+    body = _apply_status(body, done)
+    assert not reconcile(observed(body, now=NOW + timedelta(seconds=30)), settings).delete_rljob
+    later = reconcile(observed(body, now=NOW + timedelta(seconds=61)), settings)
+    assert later.delete_rljob
+    assert later.create == []
+
+
+def test_finished_jobs_are_left_alone(settings):
+    body = make_body(status={"phase": "Failed", "message": "x"})
+    plan = reconcile(observed(body, configmap=None, children=False), settings)
+    assert plan.create == [] and plan.delete_rayjobs == [] and plan.requeue_after is None
+
+
+def test_names_taken_by_other_objects_are_reported_not_overwritten(settings):
+    body = make_body()
+    plan = reconcile(observed(body, configmap=None, conflicts=("ConfigMap tiny-spec",)), settings)
+    assert plan.create == []
+    assert plan.status["phase"] == "Pending"
+    assert "ConfigMap tiny-spec already exist(s) and is not owned by this RLJob" in plan.status["message"]
+    assert ("Warning", "NameConflict") in [(e.type, e.reason) for e in plan.events]
+
+
+def test_a_deleted_rayjob_of_the_current_attempt_is_recreated_once_gone(settings):
+    body = make_body(status={"phase": "Running"})
+    rj = rayjob_with_status(body, 0, RUNNING, deletionTimestamp="2026-03-01T11:59:00Z")
+    plan = reconcile(observed(body, [rj]), settings)
+    assert plan.create == [] and plan.delete_rayjobs == []
+    again = reconcile(observed(body, []), settings)
+    assert _kinds(again) == [("RayJob", "tiny-0")]

@@ -1,0 +1,265 @@
+"""RLJob -> RayJob, ConfigMap and RBAC objects."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from operator_testutil import default_settings, make_body
+
+from rlkube_operator import render
+from rlkube_runtime.spec.load import parse_rljob
+
+SECRET_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+PVC_VOLUME = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "rl-ckpt"}}
+PVC_MOUNT = {"name": "ckpt", "mountPath": "/ckpt"}
+GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+ROLLOUT_TAINT = {"key": "pool", "operator": "Equal", "value": "rollout", "effect": "NoSchedule"}
+
+SEPARATE = {
+    "rollout": {"gpusPerEngine": 2},
+    "resources": {
+        "placement": "separate",
+        "trainer": {
+            "nodes": 2,
+            "gpusPerNode": 8,
+            "image": "reg/custom-trainer:7",
+            "resources": {"requests": {"cpu": "16", "memory": "200Gi"}, "limits": {"memory": "220Gi"}},
+            "nodeSelector": {"pool": "train"},
+            "tolerations": [GPU_TAINT],
+        },
+        "rollout": {
+            "gpus": 16,
+            "image": "reg/custom-rollout:7",
+            "nodeSelector": {"pool": "rollout"},
+            "tolerations": [ROLLOUT_TAINT],
+        },
+        "volumes": [PVC_VOLUME],
+        "volumeMounts": [PVC_MOUNT],
+        "env": [{"name": "NCCL_DEBUG", "value": "WARN"}, SECRET_ENV],
+    },
+}
+
+
+def _render(spec=None, attempt=0, **kw):
+    body = make_body(spec, **kw)
+    job = parse_rljob(body)
+    ref = render.JobRef.from_body(body)
+    return body, render.render_rayjob(ref, job.spec, attempt=attempt, settings=default_settings())
+
+
+def _groups(rayjob):
+    return {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+
+
+def _container(group):
+    return group["template"]["spec"]["containers"][0]
+
+
+def _ray_resources(group):
+    return json.loads(group["rayStartParams"]["resources"].strip("'"))
+
+
+def test_separate_placement_has_a_trainer_group_and_a_rollout_group_of_whole_engines():
+    _, rj = _render(SEPARATE)
+    groups = _groups(rj)
+    assert list(groups) == ["trainer", "rollout"]
+    trainer, rollout = groups["trainer"], groups["rollout"]
+    assert (trainer["replicas"], trainer["minReplicas"], trainer["maxReplicas"]) == (2, 2, 2)
+    assert _container(trainer)["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert trainer["rayStartParams"]["num-gpus"] == "8"
+    assert _ray_resources(trainer) == {render.TRAINER_RESOURCE: 8}
+    # 16 rollout GPUs in engines of 2: two pods of 8 GPUs (4 engines each).
+    assert rollout["replicas"] == 2
+    assert _container(rollout)["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert _ray_resources(rollout) == {render.ROLLOUT_RESOURCE: 8, render.ROUTER_RESOURCE: 1}
+
+
+def test_colocated_placement_has_one_gpu_group_carrying_trainer_and_engine_resources():
+    _, rj = _render({"resources": {"placement": "colocated", "trainer": {"nodes": 3, "gpusPerNode": 4}}})
+    groups = _groups(rj)
+    assert list(groups) == ["trainer"]
+    trainer = groups["trainer"]
+    assert trainer["replicas"] == 3
+    assert _container(trainer)["image"] == "reg/trainer:1"
+    assert _container(trainer)["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert _ray_resources(trainer) == {render.TRAINER_RESOURCE: 4, render.ROLLOUT_RESOURCE: 4, render.ROUTER_RESOURCE: 1}
+
+
+def test_ray_resources_use_kuberays_single_quoted_json():
+    _, rj = _render()
+    assert _groups(rj)["trainer"]["rayStartParams"]["resources"] == (
+        '\'{"rlkube_rollout":2,"rlkube_router":1,"rlkube_trainer":2}\''
+    )
+
+
+def test_head_is_cpu_only_with_the_trainer_image_and_the_ray_ports():
+    _, rj = _render(SEPARATE)
+    head = rj["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert head["rayStartParams"] == {"num-gpus": "0"}
+    container = _container(head)
+    assert container["image"] == "reg/custom-trainer:7"
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert {p["name"] for p in container["ports"]} >= {"gcs-server", "dashboard", "client"}
+    # The head may share tainted GPU nodes, but is not pinned to them.
+    assert head["template"]["spec"]["tolerations"] == [GPU_TAINT]
+    assert "nodeSelector" not in head["template"]["spec"]
+
+
+def test_images_default_from_operator_settings_and_rollout_falls_back_to_the_trainer_image():
+    _, rj = _render({"resources": {"placement": "separate", "rollout": {"gpus": 2}}})
+    assert _container(_groups(rj)["trainer"])["image"] == "reg/trainer:1"
+    assert _container(_groups(rj)["rollout"])["image"] == "reg/rollout:1"
+    _, rj = _render({"resources": {"placement": "separate", "trainer": {"image": "mine:1"}, "rollout": {"gpus": 2}}})
+    assert _container(_groups(rj)["rollout"])["image"] == "mine:1"
+
+
+def test_pod_settings_pass_through_to_the_right_groups():
+    _, rj = _render(SEPARATE)
+    groups = _groups(rj)
+    trainer_pod, rollout_pod = groups["trainer"]["template"]["spec"], groups["rollout"]["template"]["spec"]
+    assert trainer_pod["nodeSelector"] == {"pool": "train"}
+    assert trainer_pod["tolerations"] == [GPU_TAINT]
+    assert rollout_pod["nodeSelector"] == {"pool": "rollout"}
+    assert rollout_pod["tolerations"] == [ROLLOUT_TAINT]
+    trainer_res = _container(groups["trainer"])["resources"]
+    assert trainer_res["requests"] == {"cpu": "16", "memory": "200Gi", "nvidia.com/gpu": "8"}
+    assert trainer_res["limits"] == {"memory": "220Gi", "nvidia.com/gpu": "8"}
+    head = rj["spec"]["rayClusterSpec"]["headGroupSpec"]
+    for group in (head, groups["trainer"], groups["rollout"]):
+        pod = group["template"]["spec"]
+        container = _container(group)
+        assert PVC_VOLUME in pod["volumes"]
+        assert PVC_MOUNT in container["volumeMounts"]
+        assert SECRET_ENV in container["env"]
+        assert {"name": "NCCL_DEBUG", "value": "WARN"} in container["env"]
+        assert pod["serviceAccountName"] == "tiny-runtime"
+
+
+def test_every_container_reads_the_spec_from_the_configmap_and_knows_its_rljob():
+    _, rj = _render(attempt=3)
+    assert rj["spec"]["entrypoint"] == "rlkube run /etc/rlkube/rljob.yaml"
+    for group in [rj["spec"]["rayClusterSpec"]["headGroupSpec"], *_groups(rj).values()]:
+        pod = group["template"]["spec"]
+        assert {"name": "rlkube-spec", "configMap": {"name": "tiny-spec"}} in pod["volumes"]
+        container = _container(group)
+        assert {"name": "rlkube-spec", "mountPath": "/etc/rlkube", "readOnly": True} in container["volumeMounts"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["RLKUBE_RLJOB_NAME"] == "tiny"
+        assert env["RLKUBE_RLJOB_NAMESPACE"] == "team-a"
+        assert env["RLKUBE_ATTEMPT"] == "3"
+
+
+def test_rayjob_fields_leave_retries_to_the_operator():
+    _, rj = _render(attempt=2)
+    spec = rj["spec"]
+    assert rj["apiVersion"] == "ray.io/v1" and rj["kind"] == "RayJob"
+    assert rj["metadata"]["name"] == "tiny-2"
+    assert rj["metadata"]["labels"][render.LABEL_ATTEMPT] == "2"
+    assert spec["submissionMode"] == "K8sJobMode"
+    assert spec["backoffLimit"] == 0
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] == 0
+    assert spec["suspend"] is False
+    assert "activeDeadlineSeconds" not in spec
+
+
+def test_suspend_and_remaining_deadline_are_rendered():
+    body = make_body({"suspend": True, "activeDeadlineSeconds": 3600})
+    job = parse_rljob(body)
+    rj = render.render_rayjob(render.JobRef.from_body(body), job.spec, attempt=0, settings=default_settings(),
+                              active_deadline_seconds=1234.6)
+    assert rj["spec"]["suspend"] is True
+    assert rj["spec"]["activeDeadlineSeconds"] == 1234
+
+
+def test_queue_name_becomes_the_kueue_label():
+    _, rj = _render({"queueName": "gpu-queue"})
+    assert rj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+
+
+def test_every_object_is_owned_by_the_rljob_as_controller():
+    body, rj = _render()
+    ref = render.JobRef.from_body(body)
+    objects = [
+        rj,
+        render.render_configmap(ref, body["spec"]),
+        render.render_service_account(ref),
+        render.render_role(ref),
+        render.render_role_binding(ref),
+    ]
+    for obj in objects:
+        assert obj["metadata"]["ownerReferences"] == [{
+            "apiVersion": "rlkube.io/v1alpha1", "kind": "RLJob", "name": "tiny", "uid": "uid-tiny",
+            "controller": True, "blockOwnerDeletion": True,
+        }], obj["kind"]
+        assert obj["metadata"]["namespace"] == "team-a"
+        assert obj["metadata"]["labels"][render.LABEL_RLJOB] == "tiny"
+
+
+def test_configmap_round_trips_to_the_same_spec():
+    body = make_body(SEPARATE)
+    cm = render.render_configmap(render.JobRef.from_body(body), body["spec"])
+    doc = yaml.safe_load(cm["data"]["rljob.yaml"])
+    assert doc["metadata"] == {"name": "tiny", "namespace": "team-a"}
+    assert parse_rljob(doc).spec == parse_rljob(body).spec
+    assert render.configmap_spec(cm) == body["spec"]
+
+
+def test_role_allows_only_get_and_patch_of_this_rljobs_status():
+    body = make_body()
+    ref = render.JobRef.from_body(body)
+    assert render.render_role(ref)["rules"] == [{
+        "apiGroups": ["rlkube.io"], "resources": ["rljobs/status"], "resourceNames": ["tiny"], "verbs": ["get", "patch"],
+    }]
+    binding = render.render_role_binding(ref)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tiny-runtime"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tiny-runtime", "namespace": "team-a"}]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "per_engine", "expected"),
+    [(16, 2, (2, 8)), (8, 1, (1, 8)), (3, 1, (1, 3)), (12, 4, (3, 4)), (24, 8, (3, 8)), (0, 1, (1, 0)), (4, 4, (1, 4))],
+)
+def test_rollout_pods_hold_whole_engines(gpus, per_engine, expected):
+    assert render.rollout_pods(gpus, per_engine) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "needle"),
+    [
+        ({"rollout": {"gpusPerEngine": 3}, "resources": {"placement": "separate", "rollout": {"gpus": 8}}},
+         "spec.rollout.gpusPerEngine", "rollout.gpus(8)"),
+        ({"rollout": {"gpusPerEngine": 16}, "resources": {"placement": "separate", "rollout": {"gpus": 32}}},
+         "spec.rollout.gpusPerEngine", "16 GPUs span several pods"),
+        ({"rollout": {"gpusPerEngine": 4}, "resources": {"placement": "colocated", "trainer": {"gpusPerNode": 2}}},
+         "spec.rollout.gpusPerEngine", "gpusPerNode(2)"),
+        ({"resources": {"trainer": {"resources": {"limits": {"nvidia.com/gpu": "8"}}}}},
+         "spec.resources.trainer.resources.limits", "nvidia.com/gpu is set from the GPU count"),
+        ({"resources": {"volumes": [{"name": "rlkube-spec", "emptyDir": {}}]}},
+         "spec.resources.volumes[0].name", "reserved"),
+    ],
+)
+def test_specs_that_cannot_become_pods_name_the_field(spec, field, needle):
+    with pytest.raises(render.RenderError) as err:
+        _render(spec)
+    assert err.value.field == field
+    assert needle in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [("a" * 41, "41 characters"), ("9lives", "start with a letter"), ("dotted.name", "start with a letter")],
+)
+def test_rljob_names_must_make_valid_rayjob_names(name, needle):
+    with pytest.raises(render.RenderError) as err:
+        render.check_name(name)
+    assert err.value.field == "metadata.name"
+    assert needle in err.value.message
+
+
+def test_longest_allowed_name_with_a_large_attempt_fits_kuberays_limit():
+    name = "a" * render.MAX_RLJOB_NAME_LENGTH
+    render.check_name(name)
+    assert len(render.rayjob_name(name, 999_999)) <= render.MAX_RAYJOB_NAME_LENGTH

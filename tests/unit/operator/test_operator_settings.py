@@ -1,0 +1,27 @@
+"""Operator-wide settings from the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkube_operator.settings import OperatorSettings
+from rlkube_runtime import __version__
+
+
+def test_defaults_name_the_project_images_of_this_version():
+    s = OperatorSettings.from_env({})
+    assert s.trainer_image == f"rlkube/trainer:{__version__}"
+    assert s.rollout_image == f"rlkube/rollout:{__version__}"
+    assert (s.max_backoff_seconds, s.resync_seconds) == (300.0, 30.0)
+
+
+def test_environment_overrides():
+    s = OperatorSettings.from_env({"RLKUBE_TRAINER_IMAGE": "t:1", "RLKUBE_ROLLOUT_IMAGE": "r:1",
+                                   "RLKUBE_MAX_BACKOFF_SECONDS": "5", "RLKUBE_RESYNC_SECONDS": "0.5"})
+    assert (s.trainer_image, s.rollout_image, s.max_backoff_seconds, s.resync_seconds) == ("t:1", "r:1", 5.0, 0.5)
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1"])
+def test_bad_durations_name_the_variable_and_value(value):
+    with pytest.raises(ValueError, match=rf"RLKUBE_RESYNC_SECONDS must be .*{value!r}"):
+        OperatorSettings.from_env({"RLKUBE_RESYNC_SECONDS": value})

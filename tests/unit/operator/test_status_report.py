@@ -1,0 +1,50 @@
+"""The runtime's status reporter: what it writes (the real API server test is in
+tests/integration/test_operator.py)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+
+from rlkube_runtime.status_report import RLJobStatusReporter, build_status_patch
+
+
+def test_outside_a_cluster_there_is_no_reporter():
+    assert RLJobStatusReporter.from_env({}) is None
+    assert RLJobStatusReporter.from_env({"RLKUBE_RLJOB_NAME": "tiny"}) is None
+
+
+def test_without_credentials_there_is_no_reporter(tmp_path, caplog):
+    env = {"RLKUBE_RLJOB_NAME": "tiny", "RLKUBE_RLJOB_NAMESPACE": "a", "KUBECONFIG": str(tmp_path / "none")}
+    with caplog.at_level(logging.WARNING):
+        assert RLJobStatusReporter.from_env(env) is None
+    assert "will not be reported" in caplog.text
+
+
+def test_patch_holds_progress_checkpoint_and_known_finite_metrics_in_camel_case():
+    patch = build_status_patch(
+        5, 100,
+        last_checkpoint={"rollout": 4, "path": "/ckpt/tiny/iter_4", "time": datetime(2026, 3, 1, 12, tzinfo=timezone.utc)},
+        metrics={"reward_mean": 0.25, "kl": 0.01, "stepSeconds": 3, "loss": 1.0, "grad_norm": float("nan")},
+    )
+    assert patch == {
+        "progress": {"rollout": 5, "numRollout": 100},
+        "lastCheckpoint": {"rollout": 4, "path": "/ckpt/tiny/iter_4", "time": "2026-03-01T12:00:00Z"},
+        "metrics": {"rewardMean": 0.25, "kl": 0.01, "stepSeconds": 3.0},
+    }
+
+
+def test_non_finite_metrics_are_left_out():
+    assert "metrics" not in build_status_patch(1, 2, metrics={"reward_mean": float("inf")})
+
+
+def test_a_failed_patch_is_logged_and_training_goes_on(caplog):
+    class Broken:
+        def patch_namespaced_custom_object_status(self, *a, **kw):
+            raise ConnectionError("apiserver unreachable")
+
+    reporter = RLJobStatusReporter.__new__(RLJobStatusReporter)
+    reporter.name, reporter.namespace, reporter._api = "tiny", "a", Broken()
+    with caplog.at_level(logging.WARNING):
+        assert reporter.report(1, 10) is False
+    assert "could not report status of RLJob a/tiny" in caplog.text
