@@ -67,8 +67,7 @@ class TorchBackend:
             self._train_module = DistributedDataParallel(
                 self.model,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                # Buffers here are rotary tables computed identically on every rank.
-                broadcast_buffers=False,
+                **_no_forward_buffer_sync(),
             )
         self.ref_model: torch.nn.Module | None = None
         if config.loss.needs_ref_model:
@@ -387,6 +386,19 @@ def _load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(
         path, attn_implementation=attn_implementation, **{dtype_kw: torch.float32}
     )
+
+
+def _no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP keyword that stops the buffer broadcast in every forward.
+
+    Ranks run different numbers of micro-batches, so a collective inside forward would pair up
+    wrong calls; the buffers (rotary tables) are computed identically on every rank anyway.
+    Newer torch names the switch `forward_sync_buffers`; older torch `broadcast_buffers`.
+    """
+    import inspect
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
 
 
 def _make_adamw(model: torch.nn.Module, config: TrainerConfig) -> torch.optim.AdamW:
