@@ -25,9 +25,19 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument("--max-running-requests", type=int, default=64, help="requests decoded together at most")
     parser.add_argument("--context-length", type=int, default=None, help="default: the model's max_position_embeddings")
     parser.add_argument("--weight-version", default="default", help="reported until a weight update sets another")
+    parser.add_argument(
+        "--num-threads", type=int, default=None,
+        help="CPU threads for torch (default: torch's choice); with several engines on one machine give each a share",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.num_threads is not None:
+        if args.num_threads < 1:
+            parser.error(f"--num-threads must be at least 1, got {args.num_threads}")
+        import torch
+
+        torch.set_num_threads(args.num_threads)
     if args.max_running_requests < 1:
         parser.error(f"--max-running-requests must be at least 1, got {args.max_running_requests}")
     return EngineConfig(

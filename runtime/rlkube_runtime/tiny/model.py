@@ -73,7 +73,9 @@ def build_tiny_checkpoint(
         # same attention path as real Llama/Qwen models.
         num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
+        # Untied: with tied embeddings a random model mostly repeats its last input token, which
+        # makes greedy outputs (and tests on them) degenerate.
+        tie_word_embeddings=False,
         pad_token_id=ids[PAD],
         bos_token_id=ids[BOS],
         eos_token_id=ids[EOS],
