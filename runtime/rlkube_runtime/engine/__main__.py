@@ -53,8 +53,18 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     )
 
 
+class _RouterProbeFilter(logging.Filter):
+    """Drop the traceback aiohttp logs when sglang-router probes a worker for gRPC (an HTTP/2
+    preface): the router then falls back to HTTP, so the probe is expected, not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (error is not None and "PRI/Upgrade" in str(error))
+
+
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
+    logging.getLogger("aiohttp.server").addFilter(_RouterProbeFilter())
     engine = Engine.load(config)
     web.run_app(build_app(engine), host=config.host, port=config.port, handler_cancellation=True, access_log=None)
 

@@ -265,6 +265,10 @@ def _check_neutral_fields(body: dict[str, Any], neutral: dict[str, Any], *, know
         if key in known:
             continue
         if key not in neutral:
+            # sglang-router re-serialises requests and adds its own fields at their "off" value
+            # (model: null, background: false, ...); those are harmless, anything else is a typo.
+            if value is None or value is False:
+                continue
             allowed = sorted(known | set(neutral))
             raise ProtocolError(f"{prefix}{key}", f"unknown field; known fields are {allowed}")
         if value is not None and value != neutral[key] and value not in ([], {}, ""):

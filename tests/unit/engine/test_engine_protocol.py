@@ -108,6 +108,16 @@ def test_neutral_values_of_unsupported_fields_are_accepted():
     assert parse_generate(body, vocab_size=10).items[0].sampling.temperature == 1.0
 
 
+def test_fields_sglang_router_adds_at_their_off_value_are_accepted():
+    # What sglang-router 0.3.2 sends after re-serialising {"text": "x", "rid": "r"}.
+    body = {"text": "x", "model": None, "return_text_in_logprobs": False, "stream": False, "log_metrics": True,
+            "return_hidden_states": False, "background": False, "no_logs": False, "return_bytes": False,
+            "return_entropy": False, "rid": "r"}
+    assert parse_generate(body, vocab_size=10).items[0].rid == "r"
+    with pytest.raises(ProtocolError, match="background"):
+        parse_generate({**body, "background": True}, vocab_size=10)
+
+
 def test_memory_tags_default_to_all():
     assert protocol.parse_memory_tags(None) == protocol.MEMORY_TAGS
     with pytest.raises(ProtocolError, match="tags"):
