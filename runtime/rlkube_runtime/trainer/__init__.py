@@ -8,7 +8,13 @@ knows nothing of models.
 from .backend import LogProbs, TrainerBackend
 from .batch import TrainBatch
 from .checkpoint import Checkpoint, load_latest_checkpoint, save_checkpoint
-from .config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from .config import (
+    BatchingConfig,
+    LossConfig,
+    ModelConfig,
+    OptimizerConfig,
+    TrainerConfig,
+)
 from .torch_backend import TorchBackend
 
 __all__ = [

@@ -9,8 +9,8 @@ list, not a padded matrix) because micro-batches are packed rows, never padded o
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -12,8 +12,8 @@ This module only decides groupings and builds the row tensors; it knows nothing 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

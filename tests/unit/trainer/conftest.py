@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-
 from rlkube_runtime.tiny.model import build_tiny_checkpoint
 
 

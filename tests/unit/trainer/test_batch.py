@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from rlkube_runtime.trainer.batch import TrainBatch
 from trainer_testutil import random_batch
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from rlkube_runtime.trainer.checkpoint import (
     MARKER,
     CheckpointSkippedWarning,

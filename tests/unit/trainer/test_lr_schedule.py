@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from rlkube_runtime.trainer.config import OptimizerConfig
 from rlkube_runtime.trainer.lr_schedule import LRSchedule, lr_at
 

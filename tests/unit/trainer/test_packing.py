@@ -7,14 +7,13 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
 from rlkube_runtime.trainer.packing import (
     first_fit_decreasing,
     pack_row,
     partition_for_ranks,
     plan_micro_batches,
 )
+from transformers import AutoModelForCausalLM
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from rlkube_runtime.spec import RLJob
 from rlkube_runtime.trainer.backend import TrainerBackend
 from rlkube_runtime.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
-from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from rlkube_runtime.trainer.config import (
+    BatchingConfig,
+    LossConfig,
+    ModelConfig,
+    OptimizerConfig,
+    TrainerConfig,
+)
 from rlkube_runtime.trainer.torch_backend import TorchBackend
 from trainer_testutil import random_batch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "local-tiny.yaml"
 LENGTHS = [(9, 4), (14, 6), (5, 2), (20, 9), (7, 3), (12, 1)]
 
 
@@ -281,50 +281,3 @@ def test_lr_follows_the_schedule_across_steps(tiny_checkpoint):
     batch = with_old_log_probs(backend, random_batch(LENGTHS[:2]))
     lrs = [backend.train_step(batch)["lr"] for _ in range(5)]
     assert lrs == pytest.approx([5e-4, 1e-3, 5.5e-4, 1e-4, 1e-4])
-
-
-def example_spec(**changes):
-    """The local-tiny example RLJob's spec with some sections updated (the example stays valid)."""
-    manifest = yaml.safe_load(EXAMPLE.read_text())
-    for section, values in changes.items():
-        manifest["spec"].setdefault(section, {}).update(values)
-    return RLJob.model_validate(manifest).spec
-
-
-def test_config_from_the_rljob_spec():
-    spec = example_spec(
-        model={"hfCheckpoint": "/models/m", "dtype": "bfloat16"},
-        rollout={"temperature": 0.8},
-        algorithm={
-            "advantageEstimator": "gspo",
-            "epsClip": 0.2,
-            "epsClipHigh": 0.28,
-            "useKlLoss": True,
-            "klLossCoef": 0.01,
-            "klLossType": "k3",
-            "perTokenLoss": True,
-            "tis": {"enabled": True, "clip": 1.5, "clipLow": 0.1},
-        },
-        training={
-            "numRollout": 5,
-            "optimizer": {"lr": 2e-6, "lrDecayStyle": "cosine", "minLr": 1e-7, "warmupSteps": 1, "clipGrad": 0.5},
-            "seed": 7,
-        },
-        parallelism={"maxTokensPerGpu": 512},
-    )
-    cfg = TrainerConfig.from_spec(spec)
-    assert cfg.model.hf_checkpoint == "/models/m" and cfg.model.dtype == "bfloat16"
-    assert cfg.optimizer.decay_steps == 5 * spec.training.num_steps_per_rollout
-    assert (cfg.optimizer.lr, cfg.optimizer.lr_decay_style, cfg.optimizer.clip_grad) == (2e-6, "cosine", 0.5)
-    assert cfg.loss.estimator == "gspo" and cfg.loss.per_token_loss and cfg.loss.kl_loss_type == "k3"
-    assert cfg.loss.use_tis and (cfg.loss.tis_clip, cfg.loss.tis_clip_low) == (1.5, 0.1)
-    assert cfg.loss.objective_kwargs()["eps_clip_high"] == 0.28
-    assert cfg.batching.max_tokens_per_gpu == 512 and cfg.batching.dynamic_batch_size
-    assert cfg.temperature == 0.8 and cfg.seed == 7
-
-
-def test_config_needs_a_checkpoint_path():
-    spec = example_spec()  # model.preset: tiny, no hfCheckpoint
-    with pytest.raises(ValueError, match="model.hf_checkpoint is unset"):
-        TrainerConfig.from_spec(spec)
-    assert TrainerConfig.from_spec(spec, hf_checkpoint="/tmp/tiny").model.hf_checkpoint == "/tmp/tiny"

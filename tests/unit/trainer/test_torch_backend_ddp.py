@@ -6,8 +6,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from rlkube_runtime.trainer.config import (
+    BatchingConfig,
+    LossConfig,
+    ModelConfig,
+    OptimizerConfig,
+    TrainerConfig,
+)
 from rlkube_runtime.trainer.torch_backend import TorchBackend
 from trainer_testutil import random_batch
 
