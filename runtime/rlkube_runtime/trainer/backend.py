@@ -1,15 +1,16 @@
 """What the loop needs from a trainer, whatever trains: the PyTorch backend today, Megatron-core later.
 
-Every data-parallel rank holds one backend and every method is called on all ranks with the
-same arguments (the whole global batch; each rank trains its own share). The loop's order per
-rollout is:
+Every data-parallel rank holds one backend. `compute_log_probs` and `train_step` are collective:
+call them on all ranks with the same arguments (the whole global batch; each rank computes its
+own share). The others read state that is identical on every rank: call them on one rank
+(`release_memory`/`resume_memory` on each rank that should give memory back). Per rollout:
 
     batch = batch.with_fields(old_log_probs=backend.compute_log_probs(batch).log_probs)
     if KL:  batch = batch.with_fields(ref_log_probs=backend.compute_log_probs(batch, model="ref").log_probs)
     for step_batch in batch.global_batches(global_batch_size):
         metrics = backend.train_step(step_batch)
     weights = backend.export_weights()             # or backend.save_hf(dir) for engines loading from disk
-    save_checkpoint(root, rollout_id, {**backend.state_dict(), "data_source": ...})
+    save_checkpoint(root, rollout_id, {"trainer": backend.state_dict(), "data_source": ...})
 """
 
 from __future__ import annotations
@@ -67,11 +68,11 @@ class TrainerBackend(Protocol):
         ...
 
     def save_hf(self, directory: str | Path) -> Path:
-        """Write an HF model directory (config, weights, tokenizer) that an engine can load."""
+        """Write an HF model directory (config, weights, tokenizer) that an engine can load; returns it."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """Checkpoint state: {"model", "optimizer", "scheduler", "rng"}; collective across ranks."""
+        """Checkpoint state {"model", "optimizer", "scheduler", "rng"}: CPU copies, weights_only-safe."""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

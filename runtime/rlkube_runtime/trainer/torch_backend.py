@@ -150,7 +150,7 @@ class TorchBackend:
         """Set every parameter's `.grad` to the gradient of the global-batch loss; no step.
 
         The first half of `train_step`, public so the gradient itself can be inspected. After
-        it, `.grad` is identical on every rank. Returns the loss metrics summed over
+        it, `.grad` is identical on every rank (collective, like train_step). Returns the loss metrics summed over
         micro-batches and ranks, and "num_micro_batches" (this rank's).
         """
         self._check_resident("train_step")
@@ -203,42 +203,42 @@ class TorchBackend:
         return {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in self.model.state_dict().items()}
 
     def save_hf(self, directory: str | Path) -> Path:
-        """Config, float32 safetensors and the tokenizer of `hf_checkpoint`, written by rank 0.
+        """Config, float32 safetensors and the tokenizer of `hf_checkpoint`.
 
-        Collective: the other ranks wait until the directory is complete.
+        Not collective: every rank holds the same weights, so call it on one rank.
         """
         from transformers import AutoTokenizer
 
         directory = Path(directory)
-        if self.rank == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-            state = {k: v.detach().to("cpu", torch.float32) for k, v in self.model.state_dict().items()}
-            self.model.save_pretrained(directory, state_dict=state)
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(self.config.model.hf_checkpoint)
-            except (OSError, ValueError) as err:
-                raise RuntimeError(
-                    f"could not copy the tokenizer of model.hf_checkpoint={self.config.model.hf_checkpoint!r} "
-                    f"into {directory}: {err}"
-                ) from err
-            tokenizer.save_pretrained(directory)
-        if self.world_size > 1:
-            dist.barrier()
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to("cpu", torch.float32) for k, v in self.model.state_dict().items()}
+        self.model.save_pretrained(directory, state_dict=state)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(self.config.model.hf_checkpoint)
+        except (OSError, ValueError) as err:
+            raise RuntimeError(
+                f"could not copy the tokenizer of model.hf_checkpoint={self.config.model.hf_checkpoint!r} "
+                f"into {directory}: {err}"
+            ) from err
+        tokenizer.save_pretrained(directory)
         return directory
 
     # -- checkpoints ----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """CPU copies of model, optimizer, scheduler and every rank's RNG state (collective)."""
-        rng = [capture_rng_state()]
-        if self.world_size > 1:
-            rng = [None] * self.world_size
-            dist.all_gather_object(rng, capture_rng_state())
+        """CPU copies of model, optimizer, scheduler and this process's RNG state.
+
+        Not collective (call it on one rank): weights and optimizer state are the same on every
+        rank, and every rank starts from the same seed, so `load_state_dict` gives all ranks
+        these RNG streams (as Megatron seeds data-parallel ranks alike). A resume is then
+        exact whenever random draws do not depend on the rank's data, which holds without
+        dropout, the usual RL setting.
+        """
         return {
             "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
             "optimizer": _to_cpu(self.optimizer.state_dict()),
             "scheduler": self.schedule.state_dict(),
-            "rng": {"per_rank": rng},
+            "rng": capture_rng_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -248,14 +248,7 @@ class TorchBackend:
         self.model.load_state_dict(state["model"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
-        per_rank = state["rng"]["per_rank"]
-        if len(per_rank) != self.world_size:
-            log.warning(
-                "checkpoint has RNG states of %d ranks, this run has %d; every rank takes rank 0's",
-                len(per_rank),
-                self.world_size,
-            )
-        restore_rng_state(per_rank[self.rank] if len(per_rank) == self.world_size else per_rank[0])
+        restore_rng_state(state["rng"])
 
     # -- colocated placement --------------------------------------------------------------
 
