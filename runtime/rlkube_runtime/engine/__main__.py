@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from aiohttp import web
 
@@ -25,9 +26,11 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument("--max-running-requests", type=int, default=64, help="requests decoded together at most")
     parser.add_argument("--context-length", type=int, default=None, help="default: the model's max_position_embeddings")
     parser.add_argument("--weight-version", default="default", help="reported until a weight update sets another")
+    threads = os.environ.get("RLKUBE_ENGINE_THREADS")
     parser.add_argument(
-        "--num-threads", type=int, default=None,
-        help="CPU threads for torch (default: torch's choice); with several engines on one machine give each a share",
+        "--num-threads", type=int, default=int(threads) if threads else None,
+        help="CPU threads for torch (default: $RLKUBE_ENGINE_THREADS, else torch's choice); with several "
+        "engines on one machine give each a share",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)

@@ -8,7 +8,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlkube_runtime.engine.engine import Engine, EngineConfig
-from rlkube_runtime.engine.routes import ENGINE_KEY, build_app
+from rlkube_runtime.engine.routes import build_app
 from rlkube_runtime.tiny.model import build_tiny_checkpoint
 
 
@@ -45,6 +45,3 @@ async def start_engine(tiny_model_dir):
 async def client(start_engine):
     return await start_engine()
 
-
-def engine_of(client: TestClient) -> Engine:
-    return client.server.app[ENGINE_KEY]

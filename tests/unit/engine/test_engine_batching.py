@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlkube_runtime.engine.kv_batch import KVBatch
 
-from conftest import engine_of
+from engine_testutil import engine_of
 
 
 async def _generate(client, body):

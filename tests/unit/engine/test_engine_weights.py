@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from rlkube_runtime.engine.weights import decode_named_tensors, encode_named_tensors
 
-from conftest import engine_of
+from engine_testutil import engine_of
 
 GREEDY = {"text": "weights!", "rid": "w", "return_logprob": True,
           "sampling_params": {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}}

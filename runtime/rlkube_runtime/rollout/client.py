@@ -1,0 +1,269 @@
+"""Async HTTP clients for rollout engines: one for generation, one for administering an engine.
+
+`RolloutClient` sends SGLang `/generate` requests to the router (or to one engine) and aborts
+in-flight requests on every engine behind it. `EngineAdmin` drives one engine's control API:
+health, pause/continue, cache flush, weight updates, memory release. The same code serves SGLang
+servers and the built-in engine, because both speak SGLang's HTTP protocol.
+
+Both keep one pooled `aiohttp.ClientSession` (created on first use, inside the running loop),
+retry connection errors and 5xx answers with exponential backoff, and raise `EngineHTTPError`
+(with the server's message) for 4xx answers, which retrying cannot fix. Use them as async
+context managers or call `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+GenerateResponse = dict[str, Any]
+
+
+class EngineHTTPError(RuntimeError):
+    """A non-2xx answer: `status`, the server's `message` and the `url` that gave it."""
+
+    def __init__(self, status: int, message: str, url: str):
+        super().__init__(f"{url} answered HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.url = url
+
+
+def _retryable(error: BaseException) -> bool:
+    if isinstance(error, EngineHTTPError):
+        return error.status >= 500
+    return isinstance(error, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError))
+
+
+class _HTTP:
+    """The shared session, timeouts and retry policy of both clients."""
+
+    def __init__(self, base_url: str, *, timeout_s: float, connect_timeout_s: float, max_attempts: int, max_connections: int):
+        self.base_url = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+        self._max_attempts = max_attempts
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def request(self, method: str, path: str, body: Any = None, *, base_url: str | None = None) -> Any:
+        """JSON (or text) of a successful answer, after retries; raises EngineHTTPError otherwise."""
+        url = (base_url or self.base_url).rstrip("/") + path
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_retryable),
+            stop=stop_after_attempt(self._max_attempts),
+            wait=wait_exponential_jitter(initial=0.2, max=5.0),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._once(method, url, body)
+
+    async def _once(self, method: str, url: str, body: Any) -> Any:
+        session = self._get_session()
+        async with session.request(method, url, json=body) as response:
+            text = await response.text()
+            if response.status >= 400:
+                raise EngineHTTPError(response.status, _error_message(text), url)
+            if not text:
+                return None
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError:
+                return text
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_connections)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+
+class RolloutClient:
+    """Generation through the router (or straight to one engine).
+
+    ```
+    async with RolloutClient("http://127.0.0.1:30000") as client:
+        out = await client.generate({"input_ids": ids, "sampling_params": {...}, "return_logprob": True})
+        await client.abort("r12-")   # every request whose rid starts with r12-, on every engine
+    ```
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 3600.0,
+        connect_timeout_s: float = 10.0,
+        max_attempts: int = 5,
+        max_connections: int = 1024,
+    ):
+        self._http = _HTTP(
+            base_url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, max_attempts=max_attempts,
+            max_connections=max_connections,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return self._http.base_url
+
+    async def generate(self, request: Mapping[str, Any]) -> GenerateResponse | list[GenerateResponse]:
+        """POST /generate with an SGLang request body; returns the SGLang response body.
+
+        A request without `rid` gets one, so retries after a connection error or 5xx are the same
+        request (same rid, so the same seeded tokens on the built-in engine) and can be aborted.
+        A batch request (lists of prompts, or `n > 1`) answers with a list.
+        """
+        body = dict(request)
+        if body.get("rid") is None:
+            body["rid"] = f"rlkube-{uuid.uuid4().hex}"
+        return await self._http.request("POST", "/generate", body)
+
+    async def worker_urls(self) -> list[str]:
+        """The engines behind the router (`GET /workers`), or the base URL itself when it is an engine."""
+        try:
+            answer = await self._http.request("GET", "/workers")
+        except EngineHTTPError as err:
+            if err.status == 404:
+                return [self.base_url]
+            raise
+        return [worker["url"] for worker in answer["workers"]]
+
+    async def abort(self, rid_prefix: str | None = None) -> int:
+        """Abort matching requests on every engine (all of them when `rid_prefix` is None).
+
+        The router does not forward `/abort_request`, so it goes to each engine directly. Aborted
+        requests still answer their callers, with finish_reason abort and the tokens they had.
+        Returns how many requests the engines report aborted (SGLang reports none, counted 0).
+        """
+        body = {"abort_all": True} if rid_prefix is None else {"rid": rid_prefix}
+        urls = await self.worker_urls()
+        answers = await asyncio.gather(*(self._http.request("POST", "/abort_request", body, base_url=u) for u in urls))
+        return sum(int(a.get("num_aborted", 0)) for a in answers if isinstance(a, dict))
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def __aenter__(self) -> RolloutClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class EngineAdmin:
+    """The control API of one engine (an SGLang server or the built-in engine).
+
+    Weight sync in the order slime uses: `pause_generation()`, `flush_cache()`,
+    `update_weights_from_tensors(...)` or `update_weights_from_disk(...)`, `continue_generation()`,
+    then `get_weight_version()` to confirm.
+    """
+
+    def __init__(self, url: str, *, timeout: float = 600.0, connect_timeout_s: float = 10.0, max_attempts: int = 3):
+        self._http = _HTTP(url, timeout_s=timeout, connect_timeout_s=connect_timeout_s, max_attempts=max_attempts, max_connections=16)
+
+    @property
+    def url(self) -> str:
+        return self._http.base_url
+
+    async def health(self) -> bool:
+        """`GET /health` answered 200 (the server is up; says nothing about the model)."""
+        return await self._ok("/health")
+
+    async def health_generate(self) -> bool:
+        """`GET /health_generate` answered 200: the engine could generate a token."""
+        return await self._ok("/health_generate")
+
+    async def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
+        """Stop generating. abort: running requests end with finish_reason abort; retract: they
+        drop their KV cache and resume later; in_place: they keep it. New requests wait."""
+        return await self._http.request("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> dict[str, Any]:
+        return await self._http.request("POST", "/continue_generation", {})
+
+    async def flush_cache(self) -> bool:
+        """True if flushed; False if the engine refused because requests are running or waiting."""
+        try:
+            await self._http.request("POST", "/flush_cache")
+        except EngineHTTPError as err:
+            if err.status == 400:
+                return False
+            raise
+        return True
+
+    async def update_weights_from_tensors(
+        self, tensors: Mapping[str, Any], *, version: str | None = None, flush_cache: bool = True
+    ) -> dict[str, Any]:
+        """Push `name → tensor` (any subset of the state dict) in the built-in engine's
+        `rlkube_safetensors` format. SGLang servers do not read that format; update them from disk."""
+        from rlkube_runtime.engine.weights import encode_named_tensors
+
+        payload = await asyncio.to_thread(encode_named_tensors, dict(tensors))
+        body = {"serialized_named_tensors": [payload], "load_format": "rlkube_safetensors", "flush_cache": flush_cache,
+                "weight_version": version}
+        return await self._http.request("POST", "/update_weights_from_tensor", body)
+
+    async def update_weights_from_disk(self, model_path: str, *, version: str | None = None) -> dict[str, Any]:
+        """Load an HF checkpoint directory the engine can read (same architecture)."""
+        return await self._http.request("POST", "/update_weights_from_disk", {"model_path": model_path, "weight_version": version})
+
+    async def get_weight_version(self) -> str:
+        return str((await self._http.request("GET", "/get_weight_version"))["weight_version"])
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> Any:
+        """Free `tags` (weights, kv_cache, cuda_graph; default all) until resumed."""
+        return await self._http.request("POST", "/release_memory_occupation", {"tags": list(tags) if tags else None})
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> Any:
+        return await self._http.request("POST", "/resume_memory_occupation", {"tags": list(tags) if tags else None})
+
+    async def abort(self, rid_prefix: str | None = None) -> Any:
+        body = {"abort_all": True} if rid_prefix is None else {"rid": rid_prefix}
+        return await self._http.request("POST", "/abort_request", body)
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._http.request("GET", "/get_model_info")
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self._http.request("GET", "/get_server_info")
+
+    async def load(self) -> list[dict[str, Any]]:
+        """`GET /get_load`: per data-parallel rank, num_reqs, num_waiting_reqs and num_tokens."""
+        return await self._http.request("GET", "/get_load")
+
+    async def _ok(self, path: str) -> bool:
+        try:
+            await self._http.request("GET", path)
+        except (EngineHTTPError, aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+        return True
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def __aenter__(self) -> EngineAdmin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _error_message(text: str) -> str:
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip()[:1000]
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+    return text.strip()[:1000]

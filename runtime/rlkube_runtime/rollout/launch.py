@@ -1,0 +1,429 @@
+"""Start rollout engines and the real sglang-router as child processes, and keep them in hand.
+
+Engines are either the built-in engine (`python -m rlkube_runtime.engine`) or SGLang
+(`python -m sglang.launch_server`); both speak the same HTTP protocol, so everything after
+start-up is the same. Each process gets its own log file, its own session (so its whole process
+tree can be signalled) and a parent-death signal, and is stopped at interpreter exit: no process
+outlives the one that started it.
+
+sglang-router 0.3.2 facts this module relies on (checked against the installed package): workers
+are managed with `POST /workers {"url"}` (202, queued), `GET /workers` and
+`DELETE /workers/{id}`; the router stays up with zero workers; on registration it probes a
+worker's `/health`, `/server_info` and `/model_info`, then polls `/health` and `/get_load`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+ArgValue = str | int | float | bool | None | Sequence[str | int | float]
+
+ENGINE_KINDS = ("builtin", "sglang")
+# Options of `python -m rlkube_runtime.engine` a caller may pass through `engine_args`.
+BUILTIN_ENGINE_OPTIONS = ("dtype", "max-running-requests", "context-length", "num-threads", "weight-version", "log-level")
+
+
+class ProcessStartError(RuntimeError):
+    """A child process died or never became ready; the message quotes the end of its log."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineLaunchSpec:
+    """Everything needed to start (and restart) one engine."""
+
+    kind: str
+    model_path: str
+    log_dir: str
+    name: str
+    seed: int = 0
+    device: str = "cpu"
+    tp_size: int = 1
+    host: str = "127.0.0.1"
+    engine_args: Mapping[str, ArgValue] = dataclasses.field(default_factory=dict)
+    gpu_ids: tuple[int, ...] = ()
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    startup_timeout_s: float = 600.0
+
+
+class ManagedProcess:
+    """A child process in its own session, logging to a file, stopped with its whole tree."""
+
+    def __init__(self, command: list[str], *, log_path: pathlib.Path, env: Mapping[str, str] | None = None):
+        self.command = command
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            log.write(f"$ {' '.join(command)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,  # its own process group: stop() reaches grandchildren too
+                preexec_fn=_die_with_parent,
+            )
+        _LIVE.add(self)
+        self._finalizer = weakref.finalize(self, _kill_group, self.popen)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left after `timeout_s`."""
+        if self.alive():
+            _signal_group(self.popen, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(self.popen)
+        _LIVE.discard(self)
+        self._finalizer.detach()
+
+    def kill(self) -> None:
+        """SIGKILL at once (what a crash looks like to the router and clients)."""
+        _kill_group(self.popen)
+        _LIVE.discard(self)
+        self._finalizer.detach()
+
+    def wait_until_ready(self, url: str, path: str, timeout_s: float, what: str) -> None:
+        """Poll `url + path` until it answers 200; fail fast, quoting the log, if the process dies."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.alive():
+                raise ProcessStartError(
+                    f"{what} exited with code {self.popen.returncode} before {url}{path} answered; "
+                    f"last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                if http_request("GET", url + path, timeout_s=2.0)[0] == 200:
+                    return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ProcessStartError(
+                    f"{what} did not answer {url}{path} within {timeout_s:.0f} s; stopped it. "
+                    f"Last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.1)
+
+
+class EngineProcess(ManagedProcess):
+    """One running engine; `url` is what the router and clients talk to."""
+
+    def __init__(self, spec: EngineLaunchSpec, port: int):
+        self.spec = spec
+        self.port = port
+        self.url = f"http://{spec.host}:{port}"
+        env = dict(spec.env)
+        if spec.gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_ids)
+        log_path = pathlib.Path(spec.log_dir) / f"{spec.name}.log"
+        super().__init__(engine_command(spec, port), log_path=log_path, env=env)
+
+    def wait_ready(self) -> EngineProcess:
+        self.wait_until_ready(self.url, "/health", self.spec.startup_timeout_s, f"engine {self.spec.name!r} ({self.spec.kind})")
+        return self
+
+    def restart(self, *, name: str | None = None) -> EngineProcess:
+        """Stop this engine and start the same one again on a fresh port (it must be re-registered)."""
+        self.stop()
+        spec = dataclasses.replace(self.spec, name=name or self.spec.name)
+        return EngineProcess(spec, free_port(spec.host)).wait_ready()
+
+
+def engine_command(spec: EngineLaunchSpec, port: int) -> list[str]:
+    """The command line that starts `spec` on `port`."""
+    if spec.kind == "builtin":
+        unknown = sorted(set(map(_flag_name, spec.engine_args)) - set(BUILTIN_ENGINE_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"engine_args {unknown} are not options of the built-in engine; it takes {list(BUILTIN_ENGINE_OPTIONS)} "
+                "(SGLang-only arguments apply with kind='sglang')"
+            )
+        if spec.tp_size != 1:
+            raise ValueError(f"tp_size={spec.tp_size}: the built-in engine runs on one device; use kind='sglang' for tensor parallelism")
+        device = "cuda" if spec.device.startswith("cuda") and spec.gpu_ids else spec.device
+        base = [sys.executable, "-m", "rlkube_runtime.engine", "--model-path", spec.model_path, "--host", spec.host,
+                "--port", str(port), "--seed", str(spec.seed), "--device", device]
+    elif spec.kind == "sglang":
+        base = [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model_path, "--host", spec.host,
+                "--port", str(port), "--tp-size", str(spec.tp_size), "--random-seed", str(spec.seed)]
+    else:
+        raise ValueError(f"engine kind must be one of {list(ENGINE_KINDS)}, got {spec.kind!r}")
+    return base + cli_flags(spec.engine_args)
+
+
+def start_engine(
+    *,
+    kind: str = "builtin",
+    model_path: str,
+    log_dir: str,
+    name: str,
+    seed: int = 0,
+    device: str = "cpu",
+    tp_size: int = 1,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    sglang_args: Mapping[str, ArgValue] | None = None,
+    engine_args: Mapping[str, ArgValue] | None = None,
+    gpu_ids: Sequence[int] = (),
+    env: Mapping[str, str] | None = None,
+    startup_timeout_s: float = 600.0,
+) -> EngineProcess:
+    """Start one engine and return once its `/health` answers 200.
+
+    `sglang_args` (for kind 'sglang') and `engine_args` (either kind) become `--key value` flags;
+    `True` is a bare flag, `False`/`None` are left out. Raises `ProcessStartError` quoting the
+    engine's log if it exits or is not healthy within `startup_timeout_s`.
+    """
+    spec = _engine_spec(locals())
+    return EngineProcess(spec, port or free_port(host)).wait_ready()
+
+
+def start_engines(count: int, *, log_dir: str, name_prefix: str = "engine", seed: int = 0, **kwargs: Any) -> list[EngineProcess]:
+    """Start `count` engines at once (seeds seed, seed+1, ...) and wait for all; on any failure
+    the ones already started are stopped before the error is raised."""
+    started: list[EngineProcess] = []
+    if kwargs.get("kind", "builtin") == "builtin" and not str(kwargs.get("device", "cpu")).startswith("cuda"):
+        # Built-in CPU engines split the cores instead of each spinning up a thread per core.
+        engine_args = dict(kwargs.get("engine_args") or {})
+        engine_args.setdefault("num-threads", max(1, (os.cpu_count() or 1) // count))
+        kwargs["engine_args"] = engine_args
+    try:
+        for i in range(count):
+            spec = _engine_spec({**kwargs, "log_dir": log_dir, "name": f"{name_prefix}-{i}", "seed": seed + i})
+            started.append(EngineProcess(spec, free_port(spec.host)))
+        return [engine.wait_ready() for engine in started]
+    except BaseException:
+        for engine in started:
+            engine.stop()
+        raise
+
+
+class RouterProcess:
+    """The real sglang-router (`python -m sglang_router.launch_router`) and its worker API."""
+
+    def __init__(
+        self,
+        worker_urls: Sequence[str] = (),
+        *,
+        log_dir: str,
+        model_path: str | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        prometheus_port: int | None = None,
+        router_args: Mapping[str, ArgValue] | None = None,
+        startup_timeout_s: float = 60.0,
+    ):
+        self.initial_workers = list(worker_urls)
+        self.log_path = pathlib.Path(log_dir) / "router.log"
+        self.model_path = model_path
+        self.host = host
+        self.port = port or free_port(host)
+        self.prometheus_port = prometheus_port or free_port(host)
+        self.router_args = dict(router_args or {})
+        self.startup_timeout_s = startup_timeout_s
+        self.url = f"http://{host}:{self.port}"
+        self._process: ManagedProcess | None = None
+
+    def command(self) -> list[str]:
+        command = [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(self.port),
+                   "--prometheus-port", str(self.prometheus_port), "--prometheus-host", self.host]
+        if self.initial_workers:
+            command += ["--worker-urls", *self.initial_workers]
+        if self.model_path and pathlib.Path(self.model_path).exists():
+            # A local path only: given a hub name the router would try to download a tokenizer.
+            command += ["--model-path", self.model_path]
+        return command + cli_flags(self.router_args)
+
+    def start(self) -> RouterProcess:
+        """Start the router and wait until it answers and every initial worker is healthy in it."""
+        self._process = ManagedProcess(self.command(), log_path=self.log_path)
+        self._process.wait_until_ready(self.url, "/workers", self.startup_timeout_s, "sglang-router")
+        for url in self.initial_workers:
+            self._wait_for(lambda url=url: self._find(url, healthy=True) is not None, f"worker {url} to become healthy")
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.alive()
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop()
+
+    def workers(self) -> list[dict[str, Any]]:
+        """`GET /workers`: each worker's id, url, is_healthy, load and metadata."""
+        status, body = http_request("GET", f"{self.url}/workers")
+        _expect(status, body, 200, "GET /workers")
+        return json.loads(body)["workers"]
+
+    def add_worker(self, url: str, *, wait: bool = True) -> None:
+        """Register `url`; with `wait`, return once the router lists it as healthy."""
+        status, body = http_request("POST", f"{self.url}/workers", {"url": url})
+        _expect(status, body, (200, 201, 202), f"POST /workers {url}")
+        if wait:
+            self._wait_for(lambda: self._find(url, healthy=True) is not None, f"worker {url} to be added")
+
+    def remove_worker(self, url: str, *, wait: bool = True) -> bool:
+        """Deregister `url` (False if the router did not list it); with `wait`, until it is gone."""
+        worker = self._find(url)
+        if worker is None:
+            return False
+        status, body = http_request("DELETE", f"{self.url}/workers/{worker['id']}")
+        _expect(status, body, (200, 202, 204), f"DELETE /workers/{worker['id']} ({url})")
+        if wait:
+            self._wait_for(lambda: self._find(url) is None, f"worker {url} to be removed")
+        return True
+
+    def _find(self, url: str, *, healthy: bool = False) -> dict[str, Any] | None:
+        for worker in self.workers():
+            if worker["url"].rstrip("/") == url.rstrip("/") and (worker.get("is_healthy", True) or not healthy):
+                return worker
+        return None
+
+    def _wait_for(self, condition, what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if not self.alive():
+                raise ProcessStartError(f"sglang-router exited while waiting for {what}; last lines of {self.log_path}:\n"
+                                        f"{self._process.log_tail() if self._process else ''}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sglang-router at {self.url}: timed out after {timeout_s:.0f} s waiting for {what}")
+            time.sleep(0.05)
+
+
+def restart_engine(engine: EngineProcess, router: RouterProcess | None = None) -> EngineProcess:
+    """Replace a (dead or live) engine: deregister it, stop it, start it again on a fresh port and
+    register the new one. The caller re-sends current weights before traffic matters."""
+    if router is not None:
+        router.remove_worker(engine.url)
+    new = engine.restart()
+    if router is not None:
+        router.add_worker(new.url)
+    return new
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def cli_flags(args: Mapping[str, ArgValue]) -> list[str]:
+    """`{"tp_size": 2, "enable-x": True, "off": False, "urls": ["a", "b"]}` →
+    `--tp-size 2 --enable-x --urls a b` (underscores become dashes; False/None are left out)."""
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = "--" + _flag_name(key)
+        if value is True:
+            flags.append(flag)
+        elif value is None or value is False:
+            continue
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def http_request(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, bytes]:
+    """A small blocking JSON request (the launcher runs outside any event loop)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def stop_all() -> None:
+    """Stop every process this module started that is still running (also runs at exit)."""
+    for process in list(_LIVE):
+        process.stop(timeout_s=5.0)
+
+
+def _engine_spec(options: Mapping[str, Any]) -> EngineLaunchSpec:
+    kind = options.get("kind", "builtin")
+    engine_args = dict(options.get("engine_args") or {})
+    sglang_args = dict(options.get("sglang_args") or {})
+    if sglang_args and kind != "sglang":
+        raise ValueError(f"sglang_args {sorted(sglang_args)} apply only to kind='sglang', got kind={kind!r}")
+    names = {f.name for f in dataclasses.fields(EngineLaunchSpec)}
+    values = {k: v for k, v in options.items() if k in names and v is not None}
+    values["engine_args"] = {**engine_args, **sglang_args}
+    values["gpu_ids"] = tuple(options.get("gpu_ids") or ())
+    values["env"] = dict(options.get("env") or {})
+    return EngineLaunchSpec(**values)
+
+
+def _flag_name(key: str) -> str:
+    return key.lstrip("-").replace("_", "-")
+
+
+def _expect(status: int, body: bytes, ok: int | tuple[int, ...], what: str) -> None:
+    if status not in ((ok,) if isinstance(ok, int) else ok):
+        raise RuntimeError(f"sglang-router {what} answered HTTP {status}: {body[:500].decode(errors='replace')}")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGKILL it when the parent dies, however it dies.
+
+    Linux sends the signal when the *thread* that started the child exits, so start engines from
+    a long-lived thread (the main thread, an actor's thread, an executor's worker), not a
+    throw-away one."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _signal_group(popen: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, sig)
+
+
+def _kill_group(popen: subprocess.Popen) -> None:
+    _signal_group(popen, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        popen.wait(5.0)
+
+
+_LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
+atexit.register(stop_all)
