@@ -1,0 +1,352 @@
+"""`rlkube run`: the training driver. Read top to bottom, it is the loop of DESIGN.md:
+
+    generate -> reward -> filter (rollout manager) -> advantages -> train (trainer ranks)
+    -> sync weights -> eval -> checkpoint -> metrics and status
+
+Each phase is one actor call. Locally `ray.init()` starts a private Ray; inside a KubeRay cluster
+(RAY_ADDRESS set by the RayJob) the same code joins the existing cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rlkube_runtime.spec import RLJob
+from rlkube_runtime.spec.load import SpecError, load_rljobs
+
+log = logging.getLogger("rlkube.driver")
+
+
+class RunError(Exception):
+    """A problem found before training starts; the message names the field or the file."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    job: RLJob
+    output_dir: Path
+    checkpoint_root: Path
+    resume_roots: tuple[Path, ...]  # where to look for a checkpoint, newest first
+    model_path: str  # HF directory (or hub id) the trainer and the engines start from
+
+
+def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = True) -> int:
+    """The CLI entry: exit 0 on success; a spec or data problem prints one clear error, exit 2."""
+    logging.basicConfig(level=os.environ.get("RLKUBE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        plan = prepare_run(path, output_dir=output_dir)
+    except (SpecError, RunError) as err:
+        print(f"rlkube run: {err}", file=sys.stderr)
+        return 2
+    run_job(plan, resume=resume)
+    return 0
+
+
+def prepare_run(path: str, *, output_dir: str | None = None) -> RunPlan:
+    """Everything that can fail because of the spec or the data, checked before Ray starts."""
+    jobs = load_rljobs(path)
+    if len(jobs) != 1:
+        raise RunError(f"{path}: `rlkube run` takes one RLJob per file, found {len(jobs)}")
+    job = jobs[0]
+    spec = job.spec
+    from rlkube_runtime.train_worker import check_trainer_supports
+
+    try:
+        check_trainer_supports(spec)
+    except ValueError as err:
+        raise RunError(str(err)) from None
+    out = Path(output_dir or spec.model.save or Path("runs") / job.metadata.name).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    model_path = _initial_model(job, out)
+    _check_data(job, model_path)
+    checkpoint_root = out / "checkpoints"
+    resume_roots = (checkpoint_root,) + ((Path(spec.model.load),) if spec.model.load else ())
+    return RunPlan(job, out, checkpoint_root, resume_roots, model_path)
+
+
+def _initial_model(job: RLJob, out: Path) -> str:
+    """The HF checkpoint to start from; the `tiny` preset is built here, seeded, nothing downloaded."""
+    model = job.spec.model
+    if model.hf_checkpoint:
+        return model.hf_checkpoint
+    if model.preset == "tiny":
+        from rlkube_runtime.spec import builtin_task_name
+        from rlkube_runtime.tiny.model import build_tiny_checkpoint
+        from rlkube_runtime.tiny.task import get_task
+
+        task = builtin_task_name(job.spec.data.prompt_data)
+        alphabet = get_task(task).alphabet if task else None
+        target = out / "tiny-model"
+        if not (target / "config.json").exists():
+            build_tiny_checkpoint(target, alphabet=alphabet, seed=job.spec.training.seed)
+        return str(target)
+    if model.preset:
+        raise RunError(
+            f"spec.model.preset: {model.preset!r} has no built-in weights; known presets: ['tiny']. "
+            "For a named architecture give spec.model.hfCheckpoint too"
+        )
+    raise RunError("spec.model: set hfCheckpoint (or preset: tiny); `load` alone has no architecture to start from")
+
+
+def _check_data(job: RLJob, model_path: str) -> None:
+    """Load the prompt set once so a missing file or a bad line stops the run now, not mid-rollout."""
+    from rlkube_runtime.data.dataset import DatasetError, load_prompt_dataset_from_spec
+    import rlkube_runtime.tiny.task  # noqa: F401  (registers the builtin: prompt sets)
+
+    tokenizer = None
+    if job.spec.data.apply_chat_template:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    try:
+        load_prompt_dataset_from_spec(job.spec.data, tokenizer=tokenizer)
+        for dataset in job.spec.eval.datasets:
+            load_prompt_dataset_from_spec(_eval_data_spec(job, dataset), tokenizer=tokenizer)
+    except (DatasetError, FileNotFoundError, OSError) as err:
+        raise RunError(f"spec.data.promptData: {err}") from None
+
+
+def _eval_data_spec(job: RLJob, dataset) -> Any:
+    data = job.spec.data
+    return data.model_copy(
+        update={
+            "prompt_data": dataset.path,
+            "input_key": dataset.input_key or data.input_key,
+            "label_key": dataset.label_key or data.label_key,
+        }
+    )
+
+
+def run_job(plan: RunPlan, *, resume: bool = True) -> None:
+    import ray
+
+    from rlkube_runtime.metrics import MetricsLogger
+    from rlkube_runtime.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
+
+    spec = plan.job.spec
+    name = plan.job.metadata.name
+    cluster = _init_ray()
+    topology = _plan_topology(spec)
+    metrics_port = os.environ.get("RLKUBE_METRICS_PORT")
+    logger = MetricsLogger(name, plan.output_dir, prometheus_port=int(metrics_port) if metrics_port else None)
+    reporter = _status_reporter()
+    trainers, rollout = _start_actors(plan, topology, cluster)
+    try:
+        start = 0
+        checkpoint = None
+        if resume:
+            for root in plan.resume_roots:
+                checkpoint = load_latest_checkpoint(root)
+                if checkpoint is not None:
+                    break
+        if checkpoint is not None:
+            print(f"resuming from checkpoint {checkpoint.path} (rollout {checkpoint.rollout_id})", flush=True)
+            ray.get([t.load_state_dict.remote(checkpoint.payload["trainer"]) for t in trainers])
+            ray.get(rollout.load_data_state.remote(checkpoint.payload["data_source"]))
+            start = checkpoint.rollout_id + 1
+            _sync_weights(spec, trainers, rollout, plan, version=start)
+        num_rollout = spec.training.num_rollout
+        is_async = str(getattr(spec.training.mode, "value", spec.training.mode)) == "async"
+        eval_every = spec.eval.interval if spec.eval.datasets else None
+        if eval_every and start == 0:
+            logger.log(-1, {**ray.get(rollout.evaluate.remote(0)), "progress/num_rollout": num_rollout})
+
+        next_generation = rollout.generate.remote(start) if start < num_rollout else None
+        for rollout_id in range(start, num_rollout):
+            step_start = time.monotonic()
+            samples, metrics = ray.get(next_generation)
+            next_generation = None
+            if is_async and rollout_id + 1 < num_rollout:
+                # Async: rollout k+1 is generated (by the weights of k-1) while k trains.
+                next_generation = rollout.generate.remote(rollout_id + 1)
+
+            train_start = time.monotonic()
+            train_metrics = ray.get([t.train.remote(rollout_id, samples) for t in trainers])[0]
+            metrics.update(train_metrics)
+            metrics["perf/actor_train_time"] = time.monotonic() - train_start
+
+            if (rollout_id + 1) % spec.training.update_weights_interval == 0 or rollout_id + 1 == num_rollout:
+                if next_generation is not None:
+                    # As slime's async loop: let the in-flight rollout finish on the old weights.
+                    ray.wait([next_generation], num_returns=1)
+                metrics["perf/update_weights_time"] = _sync_weights(spec, trainers, rollout, plan, version=rollout_id + 1)
+
+            if eval_every and (rollout_id + 1) % eval_every == 0:
+                metrics.update(ray.get(rollout.evaluate.remote(rollout_id + 1)))
+
+            last_checkpoint = None
+            interval = spec.checkpoint.interval
+            if (interval and (rollout_id + 1) % interval == 0) or rollout_id + 1 == num_rollout:
+                payload = {
+                    "trainer": ray.get(trainers[0].state_dict.remote()),
+                    # The data position as of the next rollout's start (in async mode rollout
+                    # k+1 already took its prompts; its checkpointed position is from before).
+                    "data_source": ray.get(rollout.data_state.remote(rollout_id + 1)),
+                    "progress": {"rollout_id": rollout_id, "num_rollout": num_rollout},
+                }
+                path = save_checkpoint(plan.checkpoint_root, rollout_id, payload, keep=spec.checkpoint.keep)
+                saved_at = datetime.now(timezone.utc)
+                last_checkpoint = {"rollout": rollout_id, "path": str(path), "time": saved_at}
+                metrics["checkpoint/last_time"] = saved_at.timestamp()
+
+            if next_generation is None and rollout_id + 1 < num_rollout:
+                next_generation = rollout.generate.remote(rollout_id + 1)
+
+            restarts = ray.get(rollout.take_engine_restarts.remote())
+            if restarts:
+                logger.prometheus.count_engine_restarts(restarts)
+            metrics["perf/step_time"] = time.monotonic() - step_start
+            metrics["progress/rollout"] = rollout_id
+            metrics["progress/num_rollout"] = num_rollout
+            _log_trained_samples(plan.output_dir, rollout_id, samples)
+            logger.log(rollout_id, metrics)
+            if reporter is not None:
+                reporter.report(
+                    rollout_id + 1,
+                    num_rollout,
+                    last_checkpoint=last_checkpoint,
+                    metrics={
+                        "reward_mean": metrics.get("rollout/raw_reward"),
+                        "kl": metrics.get("train/kl_loss"),
+                        "step_seconds": metrics["perf/step_time"],
+                    },
+                )
+    finally:
+        logger.close()
+        try:
+            ray.get(rollout.shutdown.remote(), timeout=60)
+        except Exception as err:  # shutting down after a failure must not hide that failure
+            log.warning("rollout manager shutdown failed: %s", err)
+        if cluster == "local":
+            ray.shutdown()
+
+
+def _sync_weights(spec, trainers, rollout, plan: RunPlan, *, version: int) -> float:
+    """Push the trainer's weights to every engine: pause, flush, load, resume (engines report the version)."""
+    import ray
+
+    started = time.monotonic()
+    if str(getattr(spec.rollout.engine, "value", spec.rollout.engine)) == "builtin":
+        weights = trainers[0].export_weights.remote()
+        ray.get(rollout.update_weights.remote(weights=weights, path=None, version=str(version)))
+    else:
+        # SGLang servers load HF directories from the shared checkpoint volume.
+        target = plan.output_dir / "weights" / f"v{version:08d}"
+        path = ray.get(trainers[0].save_hf.remote(str(target)))
+        ray.get(rollout.update_weights.remote(weights=None, path=path, version=str(version)))
+    return time.monotonic() - started
+
+
+def _log_trained_samples(out: Path, rollout_id: int, samples: list[dict[str, Any]]) -> None:
+    """Which samples each rollout trained on: the audit trail for 'no prompt skipped or doubled'."""
+    record = {
+        "rollout": rollout_id,
+        "sample_indices": [s["index"] for s in samples],
+        "group_indices": sorted({s["group_index"] for s in samples}),
+    }
+    with open(out / "samples.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _init_ray() -> str:
+    """Join the KubeRay cluster when there is one, else start a private local Ray."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Actors inherit these: one progress line per rollout instead of download/loading bars.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        return "cluster"
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=True)
+    return "local"
+
+
+def _plan_topology(spec):
+    import ray
+
+    from rlkube_runtime.topology import plan_topology
+
+    resources = ray.cluster_resources()
+    return plan_topology(
+        placement=str(getattr(spec.resources.placement, "value", spec.resources.placement)),
+        trainer_nodes=spec.resources.trainer.nodes,
+        trainer_gpus_per_node=spec.resources.trainer.gpus_per_node,
+        rollout_gpus=spec.resources.rollout.gpus,
+        gpus_per_engine=spec.rollout.gpus_per_engine,
+        visible_gpus=int(resources.get("GPU", 0)),
+        cpus=int(resources.get("CPU", 1)),
+    )
+
+
+def _start_actors(plan: RunPlan, topology, cluster: str):
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from rlkube_runtime.rollout.manager import RolloutManager
+    from rlkube_runtime.train_worker import TrainerWorker
+
+    spec_dict = plan.job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    group = placement_group(list(topology.bundles), strategy="PACK")
+    ray.get(group.ready(), timeout=600)
+
+    def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+
+    master_port = _free_port()
+    trainer_cls = ray.remote(TrainerWorker)
+    threads = 1 if topology.device == "cpu" else None
+    trainers = [
+        trainer_cls.options(
+            num_cpus=topology.trainer_actor_resources.get("CPU", 0),
+            num_gpus=topology.trainer_actor_resources.get("GPU", 0),
+            scheduling_strategy=in_bundle(topology.trainer_bundles[rank]),
+        ).remote(
+            spec_dict,
+            hf_checkpoint=plan.model_path,
+            rank=rank,
+            world_size=topology.trainer_world_size,
+            master_port=master_port,
+            device=topology.device,
+            num_threads=threads,
+        )
+        for rank in range(topology.trainer_world_size)
+    ]
+    manager_cls = ray.remote(RolloutManager)
+    rollout = manager_cls.options(num_cpus=0, max_concurrency=16).remote(
+        spec_dict,
+        model_path=plan.model_path,
+        log_dir=str(plan.output_dir / "logs"),
+        placement_group=group,
+        engine_bundles=list(topology.engine_bundles),
+        engine_resources=topology.engine_actor_resources,
+        device=topology.device,
+    )
+    ray.get([t.ready.remote() for t in trainers] + [rollout.start.remote()])
+    return trainers, rollout
+
+
+def _status_reporter():
+    """Reports progress to the RLJob's status when running inside the cluster; None locally."""
+    try:
+        from rlkube_runtime.status_report import RLJobStatusReporter
+    except ImportError:
+        return None
+    return RLJobStatusReporter.from_env()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

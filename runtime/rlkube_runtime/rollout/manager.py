@@ -1,0 +1,353 @@
+"""The rollout side of a job, as one Ray actor: engines, the router, prompts, rewards, weight pushes.
+
+It owns the prompt source (so its position and buffer are checkpointed with the job), starts one
+engine per bundle through `EngineActor`s and the real sglang-router in front of them, and turns
+a rollout id into rewarded samples. Engines that stop answering are replaced, re-registered with
+the router and given the current weights; their in-flight requests are retried by the client
+through the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from rlkube_runtime.data.sample import Sample
+from rlkube_runtime.data.source import PromptSource
+from rlkube_runtime.plugins import call_plugin, load_callable
+from rlkube_runtime.rewards.hub import compute_rewards
+from rlkube_runtime.rollout.engine_actor import EngineActor
+from rlkube_runtime.rollout.generate import (
+    GenerateContext,
+    SamplingConfig,
+    generate_rollout,
+    generate_sample,
+)
+from rlkube_runtime.spec import RLJobSpec
+
+log = logging.getLogger(__name__)
+
+
+class EngineRestartLimitExceeded(RuntimeError):
+    pass
+
+
+class RolloutManager:
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        *,
+        model_path: str,
+        log_dir: str,
+        placement_group: Any = None,
+        engine_bundles: list[int] | None = None,
+        engine_resources: dict[str, float] | None = None,
+        device: str = "cpu",
+    ):
+        self.spec = RLJobSpec.model_validate(spec)
+        self.model_path = model_path
+        self.log_dir = log_dir
+        self._placement_group = placement_group
+        self._engine_bundles = engine_bundles or [None]
+        self._engine_resources = engine_resources or {}
+        self._device = device
+        self._engines: list[Any] = []  # EngineActor handles
+        self._urls: list[str] = []
+        self._router = None
+        self._client = None
+        self._data_states: dict[int, dict[str, Any]] = {}
+        self._latest_weights: tuple[Any, str | None, str] | None = None  # (tensors, path, version)
+        self._restarts_total = 0
+        self._restarts_unreported = 0
+        self._health_task: asyncio.Task | None = None
+        self._failure: BaseException | None = None
+        self._lock = asyncio.Lock()
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> dict[str, Any]:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from transformers import AutoTokenizer
+
+        import rlkube_runtime.tiny.task  # noqa: F401  (registers the builtin: prompt sets)
+        from rlkube_runtime.rollout.client import RolloutClient
+        from rlkube_runtime.rollout.launch import RouterProcess
+
+        spec = self.spec
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.source = PromptSource.from_spec(
+            spec.data, n_samples_per_prompt=spec.rollout.n_samples_per_prompt, tokenizer=self.tokenizer
+        )
+        self.sampling = SamplingConfig(
+            max_response_len=spec.rollout.max_response_len,
+            temperature=spec.rollout.temperature,
+            top_p=spec.rollout.top_p,
+            top_k=spec.rollout.top_k,
+            stop=tuple(spec.rollout.stop),
+        )
+        self._filter = (
+            load_callable(spec.rollout.dynamic_sampling_filter, what="spec.rollout.dynamicSamplingFilter")
+            if spec.rollout.dynamic_sampling_filter
+            else None
+        )
+        self._custom_generate = (
+            load_callable(spec.rollout.custom_generate_function, what="spec.rollout.customGenerateFunction")
+            if spec.rollout.custom_generate_function
+            else None
+        )
+
+        actor_cls = ray.remote(EngineActor)
+        for j, bundle in enumerate(self._engine_bundles):
+            options: dict[str, Any] = {
+                "num_cpus": self._engine_resources.get("CPU", 0),
+                "num_gpus": self._engine_resources.get("GPU", 0),
+            }
+            if self._placement_group is not None and bundle is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=self._placement_group, placement_group_bundle_index=bundle
+                )
+            self._engines.append(
+                actor_cls.options(**options).remote(
+                    engine=_value(spec.rollout.engine),
+                    model_path=self.model_path,
+                    log_dir=self.log_dir,
+                    name=f"engine-{j}",
+                    seed=spec.training.seed + j,
+                    device=self._device,
+                    gpus_per_engine=spec.rollout.gpus_per_engine,
+                    sglang_args=dict(spec.rollout.sglang_args),
+                )
+            )
+        self._urls = list(await asyncio.gather(*(e.start.remote() for e in self._engines)))
+        self._router = RouterProcess(
+            worker_urls=self._urls,
+            log_dir=self.log_dir,
+            model_path=self.model_path,
+            router_args=dict(spec.rollout.router_args),
+        )
+        await asyncio.to_thread(self._router.start)
+        self._client = RolloutClient(self._router.url)
+        if spec.fault_tolerance.enabled:
+            self._health_task = asyncio.create_task(self._watch_engines())
+        return {"router": self._router.url, "engines": list(self._urls)}
+
+    async def shutdown(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+        if self._client is not None:
+            await self._client.close()
+        if self._router is not None:
+            await asyncio.to_thread(self._router.stop)
+        await asyncio.gather(*(e.stop.remote() for e in self._engines), return_exceptions=True)
+
+    # -- one rollout ----------------------------------------------------------------------
+
+    async def generate(self, rollout_id: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """Rewarded samples of one rollout (as dicts, ordered by group) and the rollout metrics."""
+        self._raise_if_failed()
+        # Taken before any prompt is drawn: a checkpoint written while this rollout is still in
+        # flight (async mode) resumes by generating it again from the same prompts.
+        self._data_states[rollout_id] = self.source.state_dict()
+        for old in [k for k in self._data_states if k < rollout_id - 1]:
+            del self._data_states[old]
+        rollout = self.spec.rollout
+        result = await generate_rollout(
+            ctx=self._context(rollout_id, self.sampling),
+            get_groups=self._draw_groups,
+            return_groups=self.source.add_samples,
+            reward_group=self._reward_group,
+            num_groups=rollout.batch_size,
+            over_sampling_groups=rollout.over_sampling_batch_size,
+            keep_group=self._filter,
+            abort_in_flight=lambda: self._client.abort(f"r{rollout_id}-"),
+            partial_rollout=rollout.partial_rollout,
+            custom_generate=self._custom_generate,
+        )
+        samples = [s for group in result.groups for s in group]
+        for s in samples:
+            s.rollout_id = rollout_id
+        return [s.to_dict() for s in samples], result.metrics
+
+    async def evaluate(self, rollout_id: int) -> dict[str, float]:
+        """Mean reward on each eval dataset (`eval/<name>/reward`) and over all of them (`eval/reward`)."""
+        from rlkube_runtime.data.dataset import load_prompt_dataset_from_spec
+
+        spec = self.spec
+        metrics: dict[str, float] = {}
+        for dataset in spec.eval.datasets:
+            data_spec = spec.data.model_copy(
+                update={
+                    "prompt_data": dataset.path,
+                    "input_key": dataset.input_key or spec.data.input_key,
+                    "label_key": dataset.label_key or spec.data.label_key,
+                    "shuffle": False,
+                }
+            )
+            prompts = load_prompt_dataset_from_spec(data_spec, tokenizer=self.tokenizer)
+            source = PromptSource(prompts, n_samples_per_prompt=dataset.n_samples, shuffle=False)
+            samples = [s for group in source.get_samples(len(prompts)) for s in group]
+            self._tokenize(samples)
+            sampling = SamplingConfig(
+                max_response_len=dataset.max_response_len or self.sampling.max_response_len,
+                temperature=self.sampling.temperature if dataset.temperature is None else dataset.temperature,
+                top_p=dataset.top_p or self.sampling.top_p,
+                top_k=self.sampling.top_k,
+                stop=self.sampling.stop,
+            )
+            ctx = self._context(rollout_id, sampling, prefix="eval")
+            generate_one = self._custom_generate or generate_sample
+            await asyncio.gather(*(generate_one(ctx, s) for s in samples))
+            rewards = await compute_rewards(samples, spec.reward)
+            metrics[f"eval/{dataset.name}/reward"] = sum(float(r) for r in rewards) / len(rewards)
+        if metrics:
+            metrics["eval/reward"] = sum(metrics.values()) / len(metrics)
+        return metrics
+
+    # -- weights --------------------------------------------------------------------------
+
+    async def update_weights(self, *, weights: dict[str, Any] | None, path: str | None, version: str) -> None:
+        """Pause, flush, load (tensors or an HF directory), resume, on every engine at once."""
+        self._raise_if_failed()
+        async with self._lock:
+            self._latest_weights = (weights, path, version)
+            await asyncio.gather(*(self._push_weights(url, weights, path, version) for url in self._urls))
+
+    async def _push_weights(self, url: str, weights, path, version: str) -> None:
+        from rlkube_runtime.rollout.client import EngineAdmin
+
+        admin = EngineAdmin(url)
+        try:
+            await admin.pause_generation()
+            await admin.flush_cache()
+            if weights is not None:
+                await admin.update_weights_from_tensors(weights, version=version)
+            else:
+                await admin.update_weights_from_disk(path, version=version)
+            await admin.continue_generation()
+            got = await admin.get_weight_version()
+            if got != version:
+                raise RuntimeError(f"engine {url} reports weight version {got!r} after loading {version!r}")
+        finally:
+            await admin.close()
+
+    async def release_memory(self) -> None:
+        from rlkube_runtime.rollout.client import EngineAdmin
+
+        for url in self._urls:
+            admin = EngineAdmin(url)
+            try:
+                await admin.release_memory_occupation()
+            finally:
+                await admin.close()
+
+    async def resume_memory(self) -> None:
+        from rlkube_runtime.rollout.client import EngineAdmin
+
+        for url in self._urls:
+            admin = EngineAdmin(url)
+            try:
+                await admin.resume_memory_occupation()
+            finally:
+                await admin.close()
+
+    # -- data position --------------------------------------------------------------------
+
+    async def data_state(self, next_rollout_id: int) -> dict[str, Any]:
+        """The prompt source as it must be to generate `next_rollout_id` next."""
+        if next_rollout_id in self._data_states:
+            return self._data_states[next_rollout_id]
+        return self.source.state_dict()
+
+    async def load_data_state(self, state: dict[str, Any]) -> None:
+        self.source.load_state_dict(state)
+
+    async def take_engine_restarts(self) -> int:
+        """Engine restarts since the last call (the driver counts them into its metrics)."""
+        n, self._restarts_unreported = self._restarts_unreported, 0
+        return n
+
+    # -- fault tolerance ------------------------------------------------------------------
+
+    async def _watch_engines(self) -> None:
+        from rlkube_runtime.rollout.client import EngineAdmin
+
+        check = self.spec.fault_tolerance.health_check
+        await asyncio.sleep(check.first_wait_seconds)
+        while True:
+            for j, url in enumerate(list(self._urls)):
+                admin = EngineAdmin(url, timeout=check.timeout_seconds)
+                try:
+                    healthy = await admin.health_generate()
+                except Exception as err:  # a dead engine fails in many ways; all mean "replace it"
+                    log.warning("engine %s failed its health check: %s", url, err)
+                    healthy = False
+                finally:
+                    await admin.close()
+                if not healthy:
+                    try:
+                        await self._replace_engine(j)
+                    except BaseException as err:
+                        self._failure = err
+                        return
+            await asyncio.sleep(check.interval_seconds)
+
+    async def _replace_engine(self, j: int) -> None:
+        limit = self.spec.fault_tolerance.max_engine_restarts
+        if self._restarts_total >= limit:
+            raise EngineRestartLimitExceeded(
+                f"engine {j} failed again after {self._restarts_total} restarts "
+                f"(spec.faultTolerance.maxEngineRestarts = {limit})"
+            )
+        async with self._lock:
+            old = self._urls[j]
+            await asyncio.to_thread(self._router.remove_worker, old)
+            new = await self._engines[j].restart.remote()
+            if self._latest_weights is not None:
+                weights, path, version = self._latest_weights
+                await self._push_weights(new, weights, path, version)
+            self._urls[j] = new
+            await asyncio.to_thread(self._router.add_worker, new)
+            self._restarts_total += 1
+            self._restarts_unreported += 1
+            log.warning("engine %d replaced: %s -> %s", j, old, new)
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _context(self, rollout_id: int, sampling: SamplingConfig, prefix: str = "r") -> GenerateContext:
+        return GenerateContext(
+            generate=self._client.generate,
+            sampling=sampling,
+            tokenizer=self.tokenizer,
+            max_turns=self.spec.rollout.max_turns,
+            rollout_id=rollout_id,
+        )
+
+    def _draw_groups(self, num_groups: int) -> list[list[Sample]]:
+        groups = self.source.get_samples(num_groups)
+        self._tokenize([s for g in groups for s in g])
+        return groups
+
+    def _tokenize(self, samples: list[Sample]) -> None:
+        for s in samples:
+            if s.tokens:
+                continue  # a partial rollout handed back keeps its tokens
+            if not isinstance(s.prompt, str):
+                raise ValueError(
+                    "spec.data.applyChatTemplate: the prompt is a list of messages; set applyChatTemplate: true "
+                    "so the tokenizer's chat template turns it into text"
+                )
+            s.tokens = list(self.tokenizer(s.prompt, add_special_tokens=False)["input_ids"])
+
+    async def _reward_group(self, group: list[Sample]) -> list[float]:
+        return await compute_rewards(group, self.spec.reward)
+
+
+def _value(field: Any) -> str:
+    return str(getattr(field, "value", field))
