@@ -130,10 +130,12 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
     import ray
 
     from rlkube_runtime.metrics import MetricsLogger
-    from rlkube_runtime.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
+    from rlkube_runtime.trainer.checkpoint import clean_partial_checkpoints, load_latest_checkpoint, save_checkpoint
 
     spec = plan.job.spec
     name = plan.job.metadata.name
+    # A save cut short by a crash leaves a .tmp- directory; only complete checkpoints are loaded.
+    clean_partial_checkpoints(plan.checkpoint_root)
     cluster = _init_ray()
     topology = _plan_topology(spec)
     metrics_port = os.environ.get("RLKUBE_METRICS_PORT")
