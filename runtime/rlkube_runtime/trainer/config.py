@@ -91,8 +91,8 @@ class BatchingConfig:
     """How a rank's share of a global batch becomes micro-batches.
 
     dynamic_batch_size=True packs samples first-fit-decreasing into rows of at most
-    `max_tokens_per_gpu` tokens (None: the longest sample of the rank's share, which any row
-    must hold anyway); False takes `micro_batch_size` samples per micro-batch (still packed
+    `max_tokens_per_gpu` tokens (None: packing.DEFAULT_MAX_TOKENS_PER_GPU, raised to the
+    longest sample when needed); False takes `micro_batch_size` samples per micro-batch (still packed
     into one row, so no padding either way).
     """
 

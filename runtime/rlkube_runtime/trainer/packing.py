@@ -20,6 +20,12 @@ import torch
 log = logging.getLogger(__name__)
 
 
+# Without a budget in the spec, a packed row holds up to this many tokens: short samples share
+# a forward pass (one pass per sample would make small-model training slow), and the row's
+# block-diagonal mask stays modest (8192^2 booleans = 64 MiB).
+DEFAULT_MAX_TOKENS_PER_GPU = 8192
+
+
 def plan_micro_batches(
     lengths: Sequence[int],
     *,
@@ -29,13 +35,14 @@ def plan_micro_batches(
 ) -> list[list[int]]:
     """Group sample indices into micro-batches.
 
-    Dynamic: first-fit-decreasing into rows of at most `max_tokens_per_gpu` tokens (None: the
-    longest sample's length; a sample longer than the limit goes alone, with a warning). Fixed: consecutive groups of
+    Dynamic: first-fit-decreasing into rows of at most `max_tokens_per_gpu` tokens (None:
+    DEFAULT_MAX_TOKENS_PER_GPU, or the longest sample when that is longer; a sample longer than
+    the limit goes alone, with a warning). Fixed: consecutive groups of
     `micro_batch_size`. Every index appears exactly once; indices inside a group are ascending.
     """
     if dynamic_batch_size:
         if max_tokens_per_gpu is None:
-            max_tokens_per_gpu = max(lengths, default=1)
+            max_tokens_per_gpu = max(DEFAULT_MAX_TOKENS_PER_GPU, *lengths) if lengths else DEFAULT_MAX_TOKENS_PER_GPU
         if max_tokens_per_gpu < 1:
             raise ValueError(f"max_tokens_per_gpu must be a positive token count, got {max_tokens_per_gpu!r}")
         return first_fit_decreasing(lengths, max_tokens_per_gpu)

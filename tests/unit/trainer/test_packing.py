@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 from rlkube_runtime.trainer.packing import (
+    DEFAULT_MAX_TOKENS_PER_GPU,
     first_fit_decreasing,
     pack_row,
     partition_for_ranks,
@@ -44,10 +45,18 @@ def test_fixed_micro_batch_size_takes_consecutive_groups():
     assert plan_micro_batches([5] * 7, dynamic_batch_size=False, micro_batch_size=3) == [[0, 1, 2], [3, 4, 5], [6]]
 
 
-def test_unset_token_limit_uses_the_longest_sample():
+def test_unset_token_limit_packs_short_samples_into_one_row_up_to_the_default_budget():
     plan = plan_micro_batches([4, 9, 3, 2], dynamic_batch_size=True, max_tokens_per_gpu=None)
-    assert all(sum([4, 9, 3, 2][i] for i in b) <= 9 for b in plan)
-    assert len(plan) == 2
+    assert plan == [[0, 1, 2, 3]]
+    lengths = [3000, 3000, 3000]  # 9000 tokens > the 8192 default: two rows
+    plan = plan_micro_batches(lengths, dynamic_batch_size=True, max_tokens_per_gpu=None)
+    assert sorted(len(b) for b in plan) == [1, 2] and DEFAULT_MAX_TOKENS_PER_GPU == 8192
+
+
+def test_unset_token_limit_grows_to_hold_the_longest_sample():
+    plan = plan_micro_batches([9000, 5], dynamic_batch_size=True, max_tokens_per_gpu=None)
+    assert plan == [[0], [1]] or plan == [[0, 1]]
+    assert all(sum([9000, 5][i] for i in b) <= 9000 for b in plan)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
