@@ -69,7 +69,11 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     logging.getLogger("aiohttp.server").addFilter(_RouterProbeFilter())
     engine = Engine.load(config)
-    web.run_app(build_app(engine), host=config.host, port=config.port, handler_cancellation=True, access_log=None)
+    # A short shutdown grace: the router holds keep-alive connections open, and a stopping engine
+    # has already answered or aborted every request.
+    web.run_app(
+        build_app(engine), host=config.host, port=config.port, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
+    )
 
 
 if __name__ == "__main__":

@@ -233,7 +233,12 @@ class Engine:
             "weight_version": self.weight_version,
             "paused": self.scheduler.paused_mode,
             "memory_released": sorted(self.scheduler.released_tags),
-            "internal_states": [{"num_running_reqs": load["running"], "num_waiting_reqs": load["waiting"]}],
+            "internal_states": [{
+                "num_running_reqs": load["running"],
+                "num_waiting_reqs": load["waiting"],
+                "num_finished_reqs": self.scheduler.finished_requests,
+                "num_generated_tokens": self.scheduler.generated_tokens,
+            }],
         }
 
     def get_load(self) -> list[dict[str, int]]:

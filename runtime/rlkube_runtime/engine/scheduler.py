@@ -44,6 +44,7 @@ class Scheduler:
         self.paused_mode: str | None = None
         self.released_tags: set[str] = set()
         self.generated_tokens = 0  # since start, for throughput reporting
+        self.finished_requests = 0  # since start, answered with any finish reason
 
         self._lock = threading.Condition()
         self._inbox: list[Sequence] = []
@@ -261,6 +262,7 @@ class Scheduler:
     def _deliver(self, seq: Sequence) -> None:
         if seq.future.done():
             return
+        self.finished_requests += 1
         seq.future.set_result(seq.response(self.tokenizer, self.weight_version))
 
     def _fail_running(self, err: Exception) -> None:

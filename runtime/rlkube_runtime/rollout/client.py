@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 GenerateResponse = dict[str, Any]
 
@@ -57,7 +57,7 @@ class _HTTP:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
             stop=stop_after_attempt(self._max_attempts),
-            wait=wait_exponential_jitter(initial=0.2, max=5.0),
+            wait=wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2),
             reraise=True,
         ):
             with attempt:

@@ -386,6 +386,7 @@ def _engine_spec(options: Mapping[str, Any]) -> EngineLaunchSpec:
         raise ValueError(f"sglang_args {sorted(sglang_args)} apply only to kind='sglang', got kind={kind!r}")
     names = {f.name for f in dataclasses.fields(EngineLaunchSpec)}
     values = {k: v for k, v in options.items() if k in names and v is not None}
+    values["kind"] = kind
     values["engine_args"] = {**engine_args, **sglang_args}
     values["gpu_ids"] = tuple(options.get("gpu_ids") or ())
     values["env"] = dict(options.get("env") or {})
