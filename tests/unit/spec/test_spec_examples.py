@@ -50,5 +50,5 @@ def test_local_tiny_is_the_embedded_default():
     assert (spec.model.preset, spec.data.prompt_data) == ("tiny", "builtin:digit-successor")
     assert (spec.rollout.engine, spec.reward.type, spec.resources.placement) == ("builtin", "exact", "colocated")
     assert (spec.rollout.batch_size, spec.rollout.n_samples_per_prompt, spec.rollout.max_response_len) == (16, 8, 1)
-    assert (spec.training.num_rollout, spec.global_batch_size, spec.training.optimizer.lr) == (60, 128, 1e-3)
+    assert (spec.training.num_rollout, spec.global_batch_size, spec.training.optimizer.lr) == (60, 128, 5e-3)
     assert spec.checkpoint.interval == 10
