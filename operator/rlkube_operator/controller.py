@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import metrics, render
-from .kube import Kube, api_error_status
+from .kube import Kube, api_error_status, api_error_text, namespace_terminating
 from .reconcile import Event, Observed, Plan, current_attempt, reconcile
 from .settings import OperatorSettings
 from .status import status_changes
@@ -52,7 +52,8 @@ class Controller:
         self._timers: dict[Key, asyncio.TimerHandle] = {}
 
     async def reconcile(self, namespace: str, name: str) -> Plan | None:
-        """Reconcile one RLJob now; None when it no longer exists (or is being deleted)."""
+        """Reconcile one RLJob now; None when it no longer exists (or is being deleted), or when
+        the reconcile failed (logged, and retried after ERROR_RETRY_SECONDS)."""
         key = (namespace, name)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -60,12 +61,27 @@ class Controller:
             try:
                 result = await asyncio.to_thread(self._reconcile_blocking, namespace, name)
             except Exception as exc:
-                kind = "api" if api_error_status(exc) is not None else "internal"
                 metrics.RECONCILES.labels("error").inc()
-                metrics.RECONCILE_ERRORS.labels(kind).inc()
-                log.exception("reconcile of RLJob %s/%s failed; retrying in %gs", namespace, name, ERROR_RETRY_SECONDS)
+                status = api_error_status(exc)
+                metrics.RECONCILE_ERRORS.labels("api" if status is not None else "internal").inc()
+                if namespace_terminating(exc):
+                    # The namespace and everything in it is going; nothing left to reconcile.
+                    log.info("namespace %s is being deleted; RLJob %s is left to it", namespace, name)
+                    self.forget(namespace, name)
+                    return None
+                if status in (404, 409):
+                    # Something changed underneath (an object deleted or created meanwhile): the
+                    # next reconcile starts from a fresh read.
+                    log.info("RLJob %s/%s changed during reconcile (%s); again in %gs",
+                             namespace, name, api_error_text(exc), ERROR_RETRY_SECONDS)
+                elif status is not None:
+                    log.warning("reconcile of RLJob %s/%s failed; retrying in %gs: %s",
+                                namespace, name, ERROR_RETRY_SECONDS, api_error_text(exc))
+                else:
+                    log.exception("reconcile of RLJob %s/%s failed; retrying in %gs", namespace, name,
+                                  ERROR_RETRY_SECONDS)
                 self._schedule(key, ERROR_RETRY_SECONDS)
-                raise
+                return None
             finally:
                 metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         metrics.RECONCILES.labels("ok").inc()
@@ -110,10 +126,7 @@ class Controller:
 
     async def _requeued(self, key: Key) -> None:
         self._timers.pop(key, None)
-        try:
-            await self.reconcile(*key)
-        except Exception:  # logged and rescheduled by reconcile  # noqa: BLE001
-            pass
+        await self.reconcile(*key)
 
     def _reconcile_blocking(self, namespace: str, name: str) -> tuple[dict[str, Any], Plan] | None:
         kube = self.kube

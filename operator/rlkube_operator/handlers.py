@@ -29,10 +29,8 @@ from .settings import OperatorSettings
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
     # Our own Events only (kopf.event below), not one per log line.
     settings.posting.level = logging.WARNING
-    # Reconnect watches that went silent (kopf #585) instead of waiting forever.
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    settings.watching.inactivity_timeout = 600
+    # Silent watch streams (kopf #585) are reconnected by kopf's watching.inactivity_timeout
+    # (70 s by default); the controller's resync also re-reads every active RLJob.
     port = os.environ.get("RLKUBE_METRICS_PORT")
     if port:  # `kopf run` path; `rlkube operator` starts the server before kopf
         metrics.serve(int(port))

@@ -8,6 +8,7 @@ exists or deleting what is gone is not an error.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -160,10 +161,28 @@ def _ignore_missing(call: Any) -> None:
             raise
 
 
-def is_api_error(exc: BaseException) -> bool:
-    """An error answered by the API server (as opposed to a bug in the operator)."""
-    return isinstance(exc, ApiException)
-
-
 def api_error_status(exc: BaseException) -> int | None:
+    """The HTTP status of an error the API server answered; None for any other error."""
     return exc.status if isinstance(exc, ApiException) else None
+
+
+def api_error_text(exc: BaseException) -> str:
+    """'403 Forbidden: <the API server's message>' for an API error."""
+    if not isinstance(exc, ApiException):
+        return str(exc)
+    message = _status_body(exc).get("message") or exc.body or ""
+    return f"{exc.status} {exc.reason}: {message}"
+
+
+def namespace_terminating(exc: BaseException) -> bool:
+    """The API server refused a create because the namespace is being deleted."""
+    causes = ((_status_body(exc).get("details") or {}).get("causes") or []) if isinstance(exc, ApiException) else []
+    return any(c.get("reason") == "NamespaceTerminating" for c in causes)
+
+
+def _status_body(exc: ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -20,8 +20,13 @@ def run_operator(namespace: str | None = None, standalone: bool = False, metrics
 
     from . import handlers, metrics  # noqa: F401 - importing handlers registers them with kopf
 
-    kopf.configure(verbose=os.environ.get("RLKUBE_LOG_LEVEL", "").upper() == "DEBUG")
-    logging.getLogger("rlkube_operator").setLevel(logging.INFO)
+    debug = os.environ.get("RLKUBE_LOG_LEVEL", "").upper() == "DEBUG"
+    kopf.configure(verbose=debug)
+    logging.getLogger("rlkube_operator").setLevel(logging.DEBUG if debug else logging.INFO)
+    if not debug:
+        # kopf logs every handler success at INFO; its warnings and errors still show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per liveness probe
     if metrics_port:
         metrics.serve(metrics_port)
     liveness = os.environ.get("RLKUBE_LIVENESS_ENDPOINT", LIVENESS_DEFAULT) or None

@@ -1,0 +1,461 @@
+"""The rlkube operator against a real control plane: kube-apiserver, etcd, controller-manager
+(garbage collection), scheduler, kwok GPU nodes and the KubeRay operator.
+
+The operator runs as a real process (`rlkube operator --standalone`); RLJobs go in with
+`kubectl apply -f`. KubeRay turns each RayJob into a RayCluster whose pods kwok "runs" (kwok runs
+no containers), then submits the Ray job with a submitter Job whose pod kwok completes at once.
+Since no Ray job server exists, KubeRay can never learn the Ray job's state on its own: where a
+test needs the Ray job to be RUNNING, SUCCEEDED or FAILED, it patches the RayJob's status
+subresource the way KubeRay does after asking Ray's job server (the test is the stand-in for Ray's
+job server, and says so where it does it). Everything else — the RayCluster, its pods, suspending,
+shutting the cluster down after the job, failing a RayJob whose submitter finished without a
+terminal Ray job (KubeRay's 30 s grace period), garbage collection — is the real components'.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+from harness import ControlPlane
+from operator_fixtures import (
+    CRD_DIR,
+    OperatorProcess,
+    apply_file,
+    get_or_none,
+    kubectl_json,
+    patch_status,
+    rfc3339_now,
+    token_kubeconfig,
+)
+
+from rlkube_runtime.spec.load import parse_rljob
+from rlkube_runtime.status_report import RLJobStatusReporter
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+CHILDREN = (("configmap", "{}-spec"), ("serviceaccount", "{}-runtime"), ("role", "{}-runtime"),
+            ("rolebinding", "{}-runtime"))
+
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+HF_TOKEN_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": True}}}
+
+
+def rljob_yaml(name: str, *, placement: str = "colocated", **spec_extra) -> str:
+    """A small RLJob: colocated on one 2-GPU trainer pod, or separate with a 4-GPU trainer pod and
+    4 rollout GPUs (engines of 2). Restarts after 1 s, at most once."""
+    resources = {
+        "colocated": {"placement": "colocated", "trainer": {"nodes": 1, "gpusPerNode": 2}},
+        "separate": {
+            "placement": "separate",
+            "trainer": {"nodes": 1, "gpusPerNode": 4, "tolerations": [GPU_TOLERATION]},
+            "rollout": {"gpus": 4},
+            "env": [HF_TOKEN_ENV],
+            "volumes": [{"name": "ckpt", "emptyDir": {}}],
+            "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
+        },
+    }[placement]
+    spec = {
+        "model": {"preset": "tiny", "save": f"/ckpt/{name}", "load": f"/ckpt/{name}"},
+        "data": {"promptData": "builtin:digit-successor"},
+        "rollout": {"batchSize": 4, "nSamplesPerPrompt": 2, "gpusPerEngine": 2},
+        "reward": {"type": "exact"},
+        "training": {"numRollout": 3},
+        "faultTolerance": {"backoffSeconds": 1, "backoffLimit": 1},
+        "resources": resources,
+    }
+    for key, value in spec_extra.items():
+        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
+    return yaml.safe_dump({"apiVersion": "rlkube.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name},
+                           "spec": spec}, sort_keys=False)
+
+
+# --- fixtures --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crd_installed(control_plane: ControlPlane) -> ControlPlane:
+    control_plane.kubectl("apply", "-f", str(CRD_DIR))
+
+    def established():
+        crd = kubectl_json(control_plane, "get", "crd", "rljobs.rlkube.io")
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in (crd.get("status") or {}).get("conditions") or [])
+
+    control_plane.wait_for(established, 60, "the RLJob CRD to be Established")
+    return control_plane
+
+
+@pytest.fixture(scope="module")
+def operator(crd_installed: ControlPlane, tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    proc = OperatorProcess(crd_installed, log, env={"RLKUBE_RESYNC_SECONDS": "2"})
+    proc.start()
+    yield proc
+    code = proc.stop()
+    assert code in (0, None), f"operator exited with {code}:\n{proc.log_tail()}"
+    assert "Traceback" not in proc.log_text(), proc.log_text()[-6000:]
+
+
+_counter = iter(range(1000))
+
+
+@pytest.fixture
+def ns(crd_installed: ControlPlane):
+    """A namespace of its own per test, deleted afterwards (with every RLJob in it), so jobs of
+    earlier tests cannot act during later ones."""
+    name = f"rlkube-op-{next(_counter)}"
+    crd_installed.create_namespace(name)
+    yield name
+    crd_installed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def wait_rljob(cp: ControlPlane, ns: str, name: str, what: str, predicate, timeout: float = 60) -> dict:
+    def check():
+        obj = get_or_none(cp, ns, "rljob", name)
+        return obj if obj is not None and predicate(obj) else None
+
+    return cp.wait_for(check, timeout, f"RLJob {ns}/{name}: {what}")
+
+
+def wait_phase(cp: ControlPlane, ns: str, name: str, phase: str, timeout: float = 60) -> dict:
+    return wait_rljob(cp, ns, name, f"phase {phase}",
+                      lambda o: (o.get("status") or {}).get("phase") == phase, timeout)
+
+
+def wait_rayjob(cp: ControlPlane, ns: str, name: str, predicate=lambda rj: True, what: str = "exists",
+                timeout: float = 60) -> dict:
+    def check():
+        obj = get_or_none(cp, ns, "rayjob", name)
+        return obj if obj is not None and predicate(obj) else None
+
+    return cp.wait_for(check, timeout, f"RayJob {ns}/{name} {what}")
+
+
+def deployment_status(rj: dict) -> str:
+    return (rj.get("status") or {}).get("jobDeploymentStatus", "")
+
+
+def pods_of(cp: ControlPlane, ns: str, selector: str) -> list[dict]:
+    return kubectl_json(cp, "-n", ns, "get", "pods", "-l", selector)["items"]
+
+
+def cluster_running(cp: ControlPlane, ns: str, rljob: str, attempt: int, groups: int) -> list[dict]:
+    """The attempt's head and worker pods once all are Running (kwok) on a node."""
+    selector = f"rlkube.io/rljob={rljob},rlkube.io/attempt={attempt}"
+
+    def check():
+        pods = [p for p in pods_of(cp, ns, selector) if p["status"].get("phase") == "Running"]
+        roles = {p["metadata"]["labels"].get("rlkube.io/role") for p in pods}
+        return pods if len(roles) == groups + 1 else None
+
+    try:
+        return cp.wait_for(check, 90, f"head and {groups} worker group(s) of {rljob} attempt {attempt} Running")
+    except Exception as exc:
+        state = cp.kubectl("-n", ns, "get", "rljobs,rayjobs,rayclusters,jobs,pods", "-o", "wide", check=False).stdout
+        raise AssertionError(f"{exc}\n{state}") from exc
+
+
+def stand_in_ray_job_status(cp: ControlPlane, ns: str, rayjob: str, job_status: str, deployment: str | None = None,
+                            **extra: str) -> None:
+    """Stand-in for Ray's job server: report the Ray job's state on the RayJob the way KubeRay
+    writes it after asking the job server (kwok runs no Ray, so KubeRay cannot ask)."""
+    status = {"jobStatus": job_status, **extra}
+    if deployment:
+        status["jobDeploymentStatus"] = deployment
+    if deployment in ("Complete", "Failed"):
+        status["endTime"] = rfc3339_now()  # KubeRay sets it on terminal transitions; its TTL logic reads it
+    patch_status(cp, ns, "rayjob", rayjob, status)
+
+
+def events_of(cp: ControlPlane, ns: str, name: str) -> list[tuple[str, str]]:
+    items = kubectl_json(cp, "-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}")["items"]
+    items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return [(e["type"], e["reason"]) for e in items if e["involvedObject"].get("kind") == "RLJob"]
+
+
+def table(cp: ControlPlane, ns: str, *args: str) -> list[dict[str, str]]:
+    """`kubectl get rljobs` rows as {column: cell}, cut at the header's column offsets (cells may be empty)."""
+    lines = cp.kubectl("-n", ns, "get", "rljobs", *args).stdout.rstrip().splitlines()
+    header = lines[0]
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    names = header.split()
+    bounds = list(zip(starts, starts[1:] + [None]))
+    return [{n: line[a:b].strip() for n, (a, b) in zip(names, bounds)} for line in lines[1:]]
+
+
+def owner_uid(obj: dict) -> str | None:
+    refs = [r for r in obj["metadata"].get("ownerReferences", []) if r.get("controller")]
+    return refs[0]["uid"] if refs else None
+
+
+# --- tests -----------------------------------------------------------------------------------------
+
+
+def test_an_rljob_breaking_the_batch_equation_is_refused_naming_the_field(crd_installed, ns, tmp_path):
+    bad = rljob_yaml("bad", rollout={"batchSize": 5}, training={"globalBatchSize": 4})
+    proc = apply_file(crd_installed, tmp_path / "bad.yaml", bad, ns)
+    assert proc.returncode != 0
+    assert "spec.training.globalBatchSize" in proc.stderr
+    assert "rollout.batchSize(5) x nSamplesPerPrompt(2) = 10 but globalBatchSize(4) x numStepsPerRollout(1) = 4" in proc.stderr
+    assert get_or_none(crd_installed, ns, "rljob", "bad") is None
+
+
+def test_an_rljob_the_api_server_accepts_but_kuberay_could_not_run_fails_at_once(operator, ns, tmp_path):
+    cp = operator.cp
+    name = "a-very-long-rljob-name-that-kuberay-cannot-take"  # 47 characters; '-0' would make 49
+    assert apply_file(cp, tmp_path / "long.yaml", rljob_yaml(name), ns).returncode == 0
+    rljob = wait_phase(cp, ns, name, "Failed", timeout=30)
+    failed = {c["type"]: c for c in rljob["status"]["conditions"]}["Failed"]
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith(f"metadata.name: {name!r} is 47 characters")
+    assert ("Warning", "Failed") in events_of(cp, ns, name)
+    assert kubectl_json(cp, "-n", ns, "get", "rayjobs")["items"] == []
+    assert get_or_none(cp, ns, "configmap", f"{name}-spec") is None
+    cp.wait_for(lambda: "failed permanently" in operator.log_text(), 10, "kopf to log the permanent error")
+
+
+def test_a_colocated_rljob_runs_to_success_through_kuberay(operator, ns, tmp_path):
+    cp = operator.cp
+    assert apply_file(cp, tmp_path / "tiny.yaml", rljob_yaml("tiny"), ns).returncode == 0
+    rljob = wait_rljob(cp, ns, "tiny", "status written", lambda o: (o.get("status") or {}).get("rayJobName"))
+    uid = rljob["metadata"]["uid"]
+    assert rljob["metadata"].get("finalizers") is None  # owner references do the cleanup
+
+    rayjob = wait_rayjob(cp, ns, "tiny-0")
+    assert owner_uid(rayjob) == uid
+    assert rayjob["spec"]["entrypoint"] == "rlkube run /etc/rlkube/rljob.yaml"
+    assert rayjob["spec"]["backoffLimit"] == 0
+    for kind, pattern in CHILDREN:
+        obj = get_or_none(cp, ns, kind, pattern.format("tiny"))
+        assert obj is not None and owner_uid(obj) == uid, kind
+    spec_file = get_or_none(cp, ns, "configmap", "tiny-spec")["data"]["rljob.yaml"]
+    assert parse_rljob(yaml.safe_load(spec_file)).spec == parse_rljob(rljob).spec
+
+    # KubeRay makes the cluster; kwok runs its pods on the GPU nodes.
+    pods = cluster_running(cp, ns, "tiny", 0, groups=1)
+    trainer = next(p for p in pods if p["metadata"]["labels"]["rlkube.io/role"] == "trainer")
+    assert trainer["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert trainer["spec"]["serviceAccountName"] == "tiny-runtime"
+    assert trainer["spec"]["nodeName"].startswith("kwok-node-")
+
+    # KubeRay submits the job (deployment Running); Ray's state is unknown: Starting.
+    wait_rayjob(cp, ns, "tiny-0", lambda rj: deployment_status(rj) == "Running", "deployment Running")
+    rljob = wait_phase(cp, ns, "tiny", "Starting")
+    assert rljob["status"]["rayClusterName"].startswith("tiny-0-")
+
+    # Stand-in for Ray's job server: the job runs.
+    stand_in_ray_job_status(cp, ns, "tiny-0", "RUNNING")
+    rljob = wait_phase(cp, ns, "tiny", "Running")
+    conditions = {c["type"]: c for c in rljob["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Progressing"]["status"] == "True"
+    assert rljob["status"]["observedGeneration"] == rljob["metadata"]["generation"]
+    assert operator.metric("rlkube_operator_jobs", phase="Running") >= 1
+
+    # The runtime's reporter (admin credentials here; the narrow role has its own test).
+    reporter = RLJobStatusReporter.from_env(
+        {"RLKUBE_RLJOB_NAME": "tiny", "RLKUBE_RLJOB_NAMESPACE": ns}, kubeconfig=str(cp.kubeconfig)
+    )
+    assert reporter.report(2, 3, last_checkpoint={"rollout": 1, "path": "/ckpt/tiny/rollout_1"},
+                           metrics={"reward_mean": 0.5, "kl": 0.01})
+    wait_rljob(cp, ns, "tiny", "progressText 2/3", lambda o: o["status"].get("progressText") == "2/3", 20)
+    [row] = table(cp, ns)
+    assert list(row) == ["NAME", "PHASE", "PROGRESS", "REWARD", "RESTARTS", "AGE"]
+    assert [row[c] for c in ("NAME", "PHASE", "PROGRESS", "REWARD", "RESTARTS")] == ["tiny", "Running", "2/3", "0.5", "0"]
+    [row] = table(cp, ns, "-o", "wide")
+    assert list(row) == ["NAME", "PHASE", "PROGRESS", "REWARD", "RESTARTS", "AGE", "RAYJOB", "CHECKPOINT"]
+    assert (row["RAYJOB"], row["CHECKPOINT"]) == ("tiny-0", "/ckpt/tiny/rollout_1")
+    rljob = get_or_none(cp, ns, "rljob", "tiny")
+    assert rljob["status"]["phase"] == "Running"  # the runtime's patch left the operator's fields alone
+
+    # Stand-in for Ray's job server: the job succeeded. KubeRay then shuts the cluster down.
+    cluster = rljob["status"]["rayClusterName"]
+    stand_in_ray_job_status(cp, ns, "tiny-0", "SUCCEEDED", "Complete")
+    rljob = wait_phase(cp, ns, "tiny", "Succeeded")
+    conditions = {c["type"]: c for c in rljob["status"]["conditions"]}
+    assert (conditions["Ready"]["status"], conditions["Progressing"]["status"], conditions["Failed"]["status"]) == (
+        "False", "False", "False")
+    cp.wait_for(lambda: get_or_none(cp, ns, "raycluster", cluster) is None, 60, "KubeRay deletes the finished cluster")
+    reasons = [r for _, r in events_of(cp, ns, "tiny")]
+    for reason in ("Pending", "Starting", "Running", "Succeeded"):
+        assert reason in reasons
+
+    # ttlSecondsAfterFinished may be set after the fact; the operator then deletes the RLJob, and
+    # the garbage collector everything it owned.
+    cp.kubectl("-n", ns, "patch", "rljob", "tiny", "--type=merge", "-p", '{"spec":{"ttlSecondsAfterFinished":1}}')
+    cp.wait_for(lambda: get_or_none(cp, ns, "rljob", "tiny") is None, 30, "the finished RLJob deleted after its TTL")
+    cp.wait_for(lambda: get_or_none(cp, ns, "rayjob", "tiny-0") is None, 60, "its RayJob garbage-collected")
+
+
+def test_a_separate_rljob_gets_trainer_and_rollout_pods(operator, ns, tmp_path):
+    cp = operator.cp
+    assert apply_file(cp, tmp_path / "sep.yaml", rljob_yaml("sep", placement="separate"), ns).returncode == 0
+    pods = cluster_running(cp, ns, "sep", 0, groups=2)
+    by_role = {p["metadata"]["labels"]["rlkube.io/role"]: p for p in pods}
+    assert set(by_role) == {"head", "trainer", "rollout"}
+    gpus = {role: p["spec"]["containers"][0].get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+            for role, p in by_role.items()}
+    assert gpus == {"head": None, "trainer": "4", "rollout": "4"}
+    assert GPU_TOLERATION in by_role["trainer"]["spec"]["tolerations"]
+    for pod in by_role.values():
+        container = pod["spec"]["containers"][0]
+        assert {"name": "ckpt", "mountPath": "/ckpt"} in [{k: m[k] for k in ("name", "mountPath")}
+                                                          for m in container["volumeMounts"]]
+        assert any(e["name"] == "HF_TOKEN" and "secretKeyRef" in e.get("valueFrom", {}) for e in container["env"])
+    rayjob = get_or_none(cp, ns, "rayjob", "sep-0")
+    groups = {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    assert json.loads(groups["trainer"]["rayStartParams"]["resources"].strip("'")) == {"rlkube_trainer": 4}
+    assert json.loads(groups["rollout"]["rayStartParams"]["resources"].strip("'")) == {
+        "rlkube_rollout": 4, "rlkube_router": 1}
+    wait_phase(cp, ns, "sep", "Starting")
+
+
+def test_suspend_deletes_the_pods_and_resume_brings_them_back(operator, ns, tmp_path):
+    cp = operator.cp
+    assert apply_file(cp, tmp_path / "sus.yaml", rljob_yaml("sus"), ns).returncode == 0
+    cluster_running(cp, ns, "sus", 0, groups=1)
+
+    cp.kubectl("-n", ns, "patch", "rljob", "sus", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_rayjob(cp, ns, "sus-0", lambda rj: rj["spec"].get("suspend") is True, "suspend: true")
+    wait_rayjob(cp, ns, "sus-0", lambda rj: deployment_status(rj) == "Suspended", "Suspended by KubeRay")
+    rljob = wait_phase(cp, ns, "sus", "Suspended")
+    conditions = {c["type"]: c for c in rljob["status"]["conditions"]}
+    assert conditions["Suspended"]["status"] == "True"
+    cp.wait_for(lambda: not pods_of(cp, ns, "rlkube.io/rljob=sus"), 60, "the suspended job's pods are gone")
+
+    cp.kubectl("-n", ns, "patch", "rljob", "sus", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait_rayjob(cp, ns, "sus-0", lambda rj: rj["spec"].get("suspend") is False, "suspend: false")
+    cluster_running(cp, ns, "sus", 0, groups=1)
+    rljob = wait_rljob(cp, ns, "sus", "resumed", lambda o: o["status"]["phase"] in ("Starting", "Running"))
+    assert {c["type"]: c for c in rljob["status"]["conditions"]}["Suspended"]["status"] == "False"
+    assert get_or_none(cp, ns, "rayjob", "sus-1") is None  # a resume is not a restart
+    assert ("Normal", "Suspended") in events_of(cp, ns, "sus")
+
+
+def test_a_failed_attempt_is_restarted_then_the_backoff_limit_fails_the_job(operator, ns, tmp_path):
+    cp = operator.cp
+    restarts_before = operator.metric("rlkube_operator_job_restarts_total")
+    assert apply_file(cp, tmp_path / "crash.yaml", rljob_yaml("crash"), ns).returncode == 0
+    cluster_running(cp, ns, "crash", 0, groups=1)
+    wait_rayjob(cp, ns, "crash-0", lambda rj: deployment_status(rj) == "Running", "deployment Running")
+
+    # Stand-in for Ray's job server: the driver crashed.
+    stand_in_ray_job_status(cp, ns, "crash-0", "FAILED", "Failed", reason="AppFailed",
+                            message="trainer rank 0 exited with code 1")
+    rljob = wait_rljob(cp, ns, "crash", "restarted", lambda o: (o.get("status") or {}).get("restarts", {}).get("job") == 1)
+    assert "trainer rank 0 exited with code 1" in rljob["status"]["message"]
+    wait_rayjob(cp, ns, "crash-1")
+    cp.wait_for(lambda: get_or_none(cp, ns, "rayjob", "crash-0") is None, 60, "the failed attempt's RayJob deleted")
+    assert ("Warning", "Restarting") in events_of(cp, ns, "crash")
+    [row] = table(cp, ns)
+    assert (row["RESTARTS"], row["REWARD"]) == ("1", "")
+    assert operator.metric("rlkube_operator_job_restarts_total") == restarts_before + 1
+
+    # Attempt 1 is failed by KubeRay itself: its submitter finished, the Ray job never reached a
+    # terminal state (no Ray here), and after KubeRay's 30 s grace period the RayJob is Failed.
+    cluster_running(cp, ns, "crash", 1, groups=1)
+    rljob = wait_phase(cp, ns, "crash", "Failed", timeout=120)
+    failed = {c["type"]: c for c in rljob["status"]["conditions"]}["Failed"]
+    assert failed["status"] == "True"
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert "JobDeploymentStatusTransitionGracePeriodExceeded" in rljob["status"]["message"]
+    assert "backoffLimit(1) restarts used up" in rljob["status"]["message"]
+    assert get_or_none(cp, ns, "rayjob", "crash-2") is None
+    assert ("Warning", "Failed") in events_of(cp, ns, "crash")
+
+
+def test_deleting_the_rljob_deletes_everything_it_made(operator, ns, tmp_path):
+    cp = operator.cp
+    assert apply_file(cp, tmp_path / "gone.yaml", rljob_yaml("gone"), ns).returncode == 0
+    pods = cluster_running(cp, ns, "gone", 0, groups=1)
+    cluster = pods[0]["metadata"]["labels"]["ray.io/cluster"]
+    cp.kubectl("-n", ns, "delete", "rljob", "gone", "--wait=true", "--timeout=30s")
+
+    def all_gone():
+        left = [k for k, p in CHILDREN if get_or_none(cp, ns, k, p.format("gone")) is not None]
+        if get_or_none(cp, ns, "rayjob", "gone-0") is not None:
+            left.append("rayjob")
+        if get_or_none(cp, ns, "raycluster", cluster) is not None:
+            left.append("raycluster")
+        if pods_of(cp, ns, "rlkube.io/rljob=gone"):
+            left.append("pods")
+        return not left
+
+    cp.wait_for(all_gone, 90, "the garbage collector to delete the RLJob's RayJob, cluster, pods, ConfigMap and RBAC")
+
+
+def test_restarting_the_operator_creates_nothing_twice(operator, ns, tmp_path):
+    cp = operator.cp
+    # No restarts for this job: KubeRay may fail the attempt during the test (its grace period),
+    # and a legitimate restart would look like something created twice.
+    keep = rljob_yaml("keep", faultTolerance={"enabled": False})
+    assert apply_file(cp, tmp_path / "keep.yaml", keep, ns).returncode == 0
+    cluster_running(cp, ns, "keep", 0, groups=1)
+
+    def snapshot():
+        objs = {f"{k}/{p.format('keep')}": get_or_none(cp, ns, k, p.format("keep")) for k, p in CHILDREN}
+        for rj in kubectl_json(cp, "-n", ns, "get", "rayjobs", "-l", "rlkube.io/rljob=keep")["items"]:
+            objs[f"rayjob/{rj['metadata']['name']}"] = rj
+        return {key: obj["metadata"]["uid"] for key, obj in objs.items()}
+
+    before = snapshot()
+    assert operator.stop() == 0
+    operator.start()
+    # The new process lists every RLJob at start and reconciles it; give it a few resyncs.
+    cp.wait_for(lambda: operator.metric("rlkube_operator_reconcile_total", result="ok") >= 3, 60,
+                "the restarted operator to reconcile")
+    time.sleep(3)
+    assert snapshot() == before
+    for kind in ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "RayJob"):
+        assert operator.metric("rlkube_operator_objects_created_total", kind=kind) == 0, kind
+    status = get_or_none(cp, ns, "rljob", "keep")["status"]
+    assert (status["rayJobName"], status["restarts"]["job"]) == ("keep-0", 0)
+
+
+def test_the_runtime_role_patches_its_own_rljob_status_and_nothing_else(operator, ns, tmp_path):
+    cp = operator.cp
+    for name in ("mine", "other"):
+        assert apply_file(cp, tmp_path / f"{name}.yaml", rljob_yaml(name), ns).returncode == 0
+    for name in ("mine", "other"):
+        wait_rljob(cp, ns, name, "running attempt", lambda o: (o.get("status") or {}).get("rayJobName"))
+    cp.wait_for(lambda: get_or_none(cp, ns, "rolebinding", "mine-runtime"), 30, "RoleBinding mine-runtime")
+    kubeconfig = token_kubeconfig(cp, ns, "mine-runtime", tmp_path / "sa.kubeconfig")
+
+    env = {"RLKUBE_RLJOB_NAME": "mine", "RLKUBE_RLJOB_NAMESPACE": ns}
+    mine = RLJobStatusReporter.from_env(env, kubeconfig=str(kubeconfig))
+    assert mine.report(1, 3, metrics={"reward_mean": 0.25})
+    status = get_or_none(cp, ns, "rljob", "mine")["status"]
+    assert status["progress"] == {"rollout": 1, "numRollout": 3}
+    assert status["metrics"] == {"rewardMean": 0.25}
+
+    other = RLJobStatusReporter.from_env({**env, "RLKUBE_RLJOB_NAME": "other"}, kubeconfig=str(kubeconfig))
+    assert other.report(3, 3) is False  # forbidden: another RLJob
+    assert (get_or_none(cp, ns, "rljob", "other").get("status") or {}).get("progress") is None
+
+    def can_i(*args: str) -> str:
+        return cp.kubectl("-n", ns, "auth", "can-i", *args, f"--as=system:serviceaccount:{ns}:mine-runtime",
+                          check=False).stdout.strip()
+
+    assert can_i("patch", "rljobs.rlkube.io/mine", "--subresource=status") == "yes"
+    assert can_i("get", "rljobs.rlkube.io/mine", "--subresource=status") == "yes"
+    assert can_i("patch", "rljobs.rlkube.io/other", "--subresource=status") == "no"
+    assert can_i("patch", "rljobs.rlkube.io/mine") == "no"  # the spec
+    assert can_i("delete", "rljobs.rlkube.io/mine") == "no"
+    assert can_i("list", "rljobs.rlkube.io") == "no"
+    assert can_i("get", "rayjobs.ray.io") == "no"
+    assert can_i("get", "secrets") == "no"
+
+
+def test_operator_metrics_are_served(operator):
+    text = operator.metrics()
+    for name in ("rlkube_operator_reconcile_total", "rlkube_operator_reconcile_duration_seconds_bucket",
+                 "rlkube_operator_jobs", "rlkube_operator_job_restarts_total"):
+        assert name in text
+    assert operator.metric("rlkube_operator_reconcile_total", result="ok") > 0
