@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import datetime
 import ipaddress
 import json
@@ -127,7 +128,9 @@ class ControlPlane:
 
     ``nodes`` fake kwok nodes are created, each with ``gpus_per_node`` ``nvidia.com/gpu``, the
     label ``type: kwok`` and no taints. ``logs_dir`` (default: inside the temp dir, removed on stop)
-    receives one log file per component.
+    receives one log file per component. ``extra_args`` adds flags to a component by name
+    (``etcd``, ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler``, ``kwok``,
+    ``kuberay-operator``), e.g. ``{"kube-apiserver": ["--feature-gates=..."]}``.
     """
 
     def __init__(
@@ -138,17 +141,20 @@ class ControlPlane:
         memory_per_node: str = "256Gi",
         logs_dir: str | os.PathLike | None = None,
         start_kuberay: bool = True,
+        extra_args: dict[str, list[str]] | None = None,
     ) -> None:
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.cpu_per_node = cpu_per_node
         self.memory_per_node = memory_per_node
         self.start_kuberay = start_kuberay
+        self.extra_args = extra_args or {}  # component name -> more flags, e.g. feature gates
         self.cache = cache_dir()
         self.bin_dir = self.cache / "bin"
         self._workdir: Path | None = None
         self._logs_dir_arg = Path(logs_dir) if logs_dir is not None else None
         self._components: list[Component] = []
+        self.started_pids: list[int] = []  # every component ever started, kept after stop()
         self._stopped = True
         self.api_port = 0
         self.etcd_port = 0
@@ -421,6 +427,7 @@ class ControlPlane:
     # ---------------------------------------------------------------- components
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Component:
+        args = [*args, *self.extra_args.get(name, [])]
         log_path = self.logs_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below after fork
         try:
@@ -438,6 +445,7 @@ class ControlPlane:
             log.close()
         component = Component(name, process, log_path)
         self._components.append(component)
+        self.started_pids.append(process.pid)
         return component
 
     def _start_etcd(self, peer_port: int) -> None:
@@ -740,14 +748,26 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up once here: the child between fork and exec must not import or dlopen (their locks may be
+# held by another thread of the parent at fork time).
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+_SIGKILL = int(signal.SIGKILL)
+
+
 def _die_with_parent() -> None:
     """In the child before exec: get SIGKILL if the test process dies without calling stop()."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, _SIGKILL)
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

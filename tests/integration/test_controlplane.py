@@ -7,7 +7,7 @@ import os
 import uuid
 
 import pytest
-from harness import BinariesMissing, ControlPlane, processes_in_groups, read_versions
+from harness import BinariesMissing, ControlPlane, ControlPlaneError, processes_in_groups, read_versions
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
@@ -168,6 +168,16 @@ def test_a_stopped_control_plane_leaves_no_process_and_no_files(tmp_path) -> Non
     assert processes_in_groups(pgids) == []
     assert not workdir.exists()
     assert (tmp_path / "logs" / "kube-apiserver.log").stat().st_size > 0, "logs outlive the control plane"
+
+
+def test_a_component_that_fails_to_start_is_reported_with_its_log_and_cleaned_up(tmp_path) -> None:
+    cp = ControlPlane(nodes=1, start_kuberay=False, logs_dir=tmp_path,
+                      extra_args={"kube-apiserver": ["--no-such-flag"]})
+    with pytest.raises(ControlPlaneError, match=r"(?s)kube-apiserver exited with code 1.*unknown flag: --no-such-flag"):
+        cp.start()
+    assert len(cp.started_pids) == 2  # etcd, kube-apiserver
+    assert processes_in_groups(cp.started_pids) == []  # etcd, started before, was stopped too
+    assert (tmp_path / "etcd.log").exists()
 
 
 def test_missing_binaries_fail_with_the_build_command(tmp_path, monkeypatch) -> None:
