@@ -17,10 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import DynamicCache
-
 from rlkube_runtime.engine import protocol
-from rlkube_runtime.engine.kv_batch import KVBatch
+from rlkube_runtime.engine.kv_batch import KVBatch, new_cache
 from rlkube_runtime.engine.kv_batch import forward as kv_forward
 from rlkube_runtime.engine.sampling import sample_tokens
 from rlkube_runtime.engine.sequence import Sequence
@@ -213,10 +211,9 @@ class Scheduler:
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         self._running.extend(joiners)  # before the forward, so a failure fails them too
-        logits, cache = kv_forward(
-            self.model, DynamicCache(), input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=1
-        )
-        joined = KVBatch.from_cache(cache, mask)
+        cache = new_cache()
+        logits = kv_forward(self.model, cache, input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
+        joined = KVBatch(cache=cache, attention_mask=mask)
         self._kv = joined if self._kv is None else self._kv.join(joined)
         self._sample_and_advance(logits[:, -1, :], joiners)
 
@@ -227,8 +224,9 @@ class Scheduler:
         input_ids = torch.tensor([[seq.output_ids[-1]] for seq in self._running], device=self.device)
         positions = torch.tensor([[seq.num_tokens - 1] for seq in self._running], device=self.device)
         mask = torch.cat([kv.attention_mask, torch.ones((batch, 1), dtype=kv.attention_mask.dtype, device=self.device)], 1)
-        logits, cache = kv_forward(self.model, kv.to_cache(), input_ids=input_ids, attention_mask=mask, position_ids=positions)
-        self._kv = KVBatch.from_cache(cache, mask)
+        # The cache grows by one slot in place; the mask is rebuilt to match.
+        logits = kv_forward(self.model, kv.cache, input_ids=input_ids, attention_mask=mask, position_ids=positions)
+        self._kv = KVBatch(cache=kv.cache, attention_mask=mask)
         self._sample_and_advance(logits[:, -1, :], list(self._running))
 
     def _sample_and_advance(self, logits: torch.Tensor, sequences: list[Sequence]) -> None:

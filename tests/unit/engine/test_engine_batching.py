@@ -6,7 +6,7 @@ import asyncio
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlkube_runtime.engine.kv_batch import KVBatch
+from rlkube_runtime.engine.kv_batch import KVBatch, new_cache
 
 from engine_testutil import engine_of
 
@@ -99,13 +99,27 @@ def test_kv_batch_join_pads_left_and_select_trims_unused_slots():
         for i, n in enumerate(lengths):
             mask[i, slots - n :] = 1
         k = torch.full((len(lengths), 1, slots, 2), float(fill)) * mask[:, None, :, None]
-        return KVBatch(layers=[(k, k.clone())], attention_mask=mask)
+        cache = new_cache()
+        cache.update(k, k.clone(), 0)
+        return KVBatch(cache=cache, attention_mask=mask)
 
     joined = batch([2, 3], 1.0).join(batch([5], 2.0))
     assert joined.slots == 5 and joined.batch_size == 3
     assert joined.attention_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
-    assert joined.layers[0][0][:, 0, :, 0].tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [2, 2, 2, 2, 2]]
+    assert joined.layer_tensors()[0][0][:, 0, :, 0].tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [2, 2, 2, 2, 2]]
 
     kept = joined.select([1, 0])
     assert kept.slots == 3 and kept.attention_mask.tolist() == [[1, 1, 1], [0, 1, 1]]
     assert kept.num_tokens() == 5
+
+
+def test_growable_layer_appends_in_place_past_its_first_capacity():
+    cache = new_cache()
+    first = torch.randn(2, 1, 3, 4)
+    cache.update(first, first.clone(), 0)
+    steps = [torch.randn(2, 1, 1, 4) for _ in range(200)]  # well past the initial headroom
+    for step in steps:
+        keys, values = cache.update(step, step.clone(), 0)
+    expected = torch.cat([first, *steps], dim=-2)
+    assert torch.equal(keys, expected) and torch.equal(values, expected)
+    assert cache.get_seq_length() == 203
