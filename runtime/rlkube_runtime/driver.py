@@ -142,7 +142,11 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
     logger = MetricsLogger(name, plan.output_dir, prometheus_port=int(metrics_port) if metrics_port else None)
     reporter = _status_reporter()
     trainers, rollout = _start_actors(plan, topology, cluster)
+    # On CPU "memory" is the machine's RAM, shared anyway; the hand-off matters on GPUs.
+    shares_gpus = topology.placement == "colocated" and topology.device == "cuda"
     try:
+        if shares_gpus:
+            ray.get([t.release_memory.remote() for t in trainers])
         start = 0
         checkpoint = None
         if resume:
@@ -172,7 +176,14 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
                 next_generation = rollout.generate.remote(rollout_id + 1)
 
             train_start = time.monotonic()
+            if shares_gpus:
+                # Colocated on GPUs: the engines give their memory to the trainer for the train phase.
+                ray.get(rollout.release_memory.remote())
+                ray.get([t.resume_memory.remote() for t in trainers])
             train_metrics = ray.get([t.train.remote(rollout_id, samples) for t in trainers])[0]
+            if shares_gpus:
+                ray.get([t.release_memory.remote() for t in trainers])
+                ray.get(rollout.resume_memory.remote())
             metrics.update(train_metrics)
             metrics["perf/actor_train_time"] = time.monotonic() - train_start
 

@@ -61,14 +61,23 @@ def _trained_prompts(out: Path) -> dict[int, list[int]]:
 
 
 def test_grpo_lifts_reward_from_chance_to_above_0_8(tmp_path):
-    job = _write_job(tmp_path, "learn")
+    job = _write_job(
+        tmp_path,
+        "learn",
+        **{"spec.eval": {"interval": 30, "datasets": [{"name": "successor", "path": "builtin:digit-successor", "nSamples": 4}]}},
+    )
     out = tmp_path / "out"
     result = _run(job, out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "Traceback" not in result.stderr
 
-    rewards = [m["rollout/raw_reward"] for m in _metrics(out)]
+    records = _metrics(out)
+    rewards = [m["rollout/raw_reward"] for m in records if m["rollout"] >= 0]
     assert len(rewards) == yaml.safe_load(job.read_text())["spec"]["training"]["numRollout"]
+    # Evaluation before the first rollout and every 30: the held-out score climbs too.
+    evals = {m["rollout"]: m["eval/successor/reward"] for m in records if "eval/successor/reward" in m}
+    assert sorted(evals) == [-1, 29, 59]
+    assert evals[-1] < 0.3 and evals[59] > 0.8, evals
     # One-token answers over a ~19-token vocabulary: a random model is right about 5% of the time.
     assert sum(rewards[:3]) / 3 < 0.3, rewards[:10]
     assert sum(rewards[-5:]) / 5 > 0.8, rewards[-10:]
@@ -79,7 +88,9 @@ def test_grpo_lifts_reward_from_chance_to_above_0_8(tmp_path):
 def test_kill_and_resume_trains_on_the_same_prompts_as_an_uninterrupted_run(tmp_path):
     settings = {"spec.training.numRollout": 8, "spec.checkpoint.interval": 2}
     straight_out = tmp_path / "straight"
-    straight = _run(_write_job(tmp_path, "straight", **settings), straight_out)
+    # The uninterrupted run uses the separate placement: the data order must not depend on it.
+    separate = {"spec.resources.placement": "separate"}
+    straight = _run(_write_job(tmp_path, "straight", **settings, **separate), straight_out)
     assert straight.returncode == 0, straight.stderr[-5000:]
 
     job = _write_job(tmp_path, "resumed", **settings)

@@ -59,6 +59,9 @@ class GenerateContext:
     tokenizer: Any
     max_turns: int
     rollout_id: int
+    # Request ids start with f"{request_prefix}{rollout_id}-": training and eval requests never
+    # share an id, and `/abort_request` by prefix reaches exactly one rollout's requests.
+    request_prefix: str = "r"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -66,9 +69,9 @@ class GenerateContext:
 CustomGenerateFn = Callable[[GenerateContext, Sample], Awaitable[Sample]]
 
 
-def request_id(rollout_id: int, sample: Sample) -> str:
+def request_id(ctx: GenerateContext, sample: Sample) -> str:
     """Unique per attempt; `/abort_request` matches by prefix, so `r{rollout}-` aborts a rollout."""
-    return f"r{rollout_id}-g{sample.group_index}-s{sample.index}-t{sample.response_length}"
+    return f"{ctx.request_prefix}{ctx.rollout_id}-g{sample.group_index}-s{sample.index}-t{sample.response_length}"
 
 
 async def generate_sample(ctx: GenerateContext, sample: Sample) -> Sample:
@@ -81,7 +84,7 @@ async def generate_sample(ctx: GenerateContext, sample: Sample) -> Sample:
         "input_ids": list(sample.tokens),
         "sampling_params": ctx.sampling.sampling_params(budget),
         "return_logprob": True,
-        "rid": request_id(ctx.rollout_id, sample),
+        "rid": request_id(ctx, sample),
     }
     response = await ctx.generate(payload)
     append_response(sample, response, loss_mask_value=1)

@@ -64,6 +64,7 @@ class RolloutManager:
         self._health_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
         self._lock = asyncio.Lock()
+        self._reward_client = None  # a RemoteRewardClient when reward.url is set
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -130,6 +131,13 @@ class RolloutManager:
         )
         await asyncio.to_thread(self._router.start)
         self._client = RolloutClient(self._router.url)
+        if spec.reward.url:
+            from rlkube_runtime.rewards.remote import RemoteRewardClient
+
+            # One connection pool for the whole run instead of one per group.
+            self._reward_client = RemoteRewardClient(
+                spec.reward.url, timeout_seconds=spec.reward.timeout_seconds, max_retries=spec.reward.max_retries
+            )
         if spec.fault_tolerance.enabled:
             self._health_task = asyncio.create_task(self._watch_engines())
         return {"router": self._router.url, "engines": list(self._urls)}
@@ -139,6 +147,8 @@ class RolloutManager:
             self._health_task.cancel()
         if self._client is not None:
             await self._client.close()
+        if self._reward_client is not None:
+            await self._reward_client.close()
         if self._router is not None:
             await asyncio.to_thread(self._router.stop)
         await asyncio.gather(*(e.stop.remote() for e in self._engines), return_exceptions=True)
@@ -162,7 +172,7 @@ class RolloutManager:
             num_groups=rollout.batch_size,
             over_sampling_groups=rollout.over_sampling_batch_size,
             keep_group=self._filter,
-            abort_in_flight=lambda: self._client.abort(f"r{rollout_id}-"),
+            abort_in_flight=lambda: self._client.abort(f"r{rollout_id}-"),  # this rollout's requests only
             partial_rollout=rollout.partial_rollout,
             custom_generate=self._custom_generate,
         )
@@ -197,10 +207,10 @@ class RolloutManager:
                 top_k=self.sampling.top_k,
                 stop=self.sampling.stop,
             )
-            ctx = self._context(rollout_id, sampling, prefix="eval")
+            ctx = self._context(rollout_id, sampling, request_prefix="e")
             generate_one = self._custom_generate or generate_sample
             await asyncio.gather(*(generate_one(ctx, s) for s in samples))
-            rewards = await compute_rewards(samples, spec.reward)
+            rewards = await compute_rewards(samples, spec.reward, remote_client=self._reward_client)
             metrics[f"eval/{dataset.name}/reward"] = sum(float(r) for r in rewards) / len(rewards)
         if metrics:
             metrics["eval/reward"] = sum(metrics.values()) / len(metrics)
@@ -320,13 +330,14 @@ class RolloutManager:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _context(self, rollout_id: int, sampling: SamplingConfig, prefix: str = "r") -> GenerateContext:
+    def _context(self, rollout_id: int, sampling: SamplingConfig, request_prefix: str = "r") -> GenerateContext:
         return GenerateContext(
             generate=self._client.generate,
             sampling=sampling,
             tokenizer=self.tokenizer,
             max_turns=self.spec.rollout.max_turns,
             rollout_id=rollout_id,
+            request_prefix=request_prefix,
         )
 
     def _draw_groups(self, num_groups: int) -> list[list[Sample]]:
@@ -346,7 +357,7 @@ class RolloutManager:
             s.tokens = list(self.tokenizer(s.prompt, add_special_tokens=False)["input_ids"])
 
     async def _reward_group(self, group: list[Sample]) -> list[float]:
-        return await compute_rewards(group, self.spec.reward)
+        return await compute_rewards(group, self.spec.reward, remote_client=self._reward_client)
 
 
 def _value(field: Any) -> str:

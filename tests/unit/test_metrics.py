@@ -1,0 +1,35 @@
+"""Each rollout's metrics reach the JSONL log, the progress line and the Prometheus endpoint."""
+
+import io
+import json
+import urllib.request
+
+from rlkube_runtime.metrics import PROMETHEUS_GAUGES, MetricsLogger, format_progress_line
+
+
+def test_a_logged_rollout_is_in_the_jsonl_log_the_progress_line_and_on_the_prometheus_endpoint(tmp_path):
+    out = io.StringIO()
+    logger = MetricsLogger("demo", tmp_path, prometheus_port=0, tensorboard=False, stream=out)
+    logger.log(4, {"rollout/raw_reward": 0.625, "perf/step_time": 1.5, "progress/num_rollout": 10, "train/kl_loss": 0.002})
+    logger.prometheus.count_engine_restarts(2)
+
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["rollout"] == 4 and record["rollout/raw_reward"] == 0.625
+    assert out.getvalue().startswith("rollout 5/10 | reward 0.625 | kl 0.0020 | step 1.50s")
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{logger.prometheus.port}/metrics", timeout=5).read().decode()
+    assert 'rlkube_reward_mean{rljob="demo"} 0.625' in body
+    assert 'rlkube_step_seconds{rljob="demo"} 1.5' in body
+    assert 'rlkube_kl{rljob="demo"} 0.002' in body
+    assert 'rlkube_engine_restarts_total{rljob="demo"} 2.0' in body
+    logger.close()
+
+
+def test_prometheus_names_are_unique_and_prefixed():
+    names = [series.name for series in PROMETHEUS_GAUGES.values()]
+    assert len(names) == len(set(names))
+    assert all(name.startswith("rlkube_") for name in names)
+
+
+def test_progress_line_without_a_total_or_numbers_still_reads():
+    assert format_progress_line(0, {}, 65.0) == "rollout 1 | 01:05"
