@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from kubernetes import client, config
@@ -41,7 +42,9 @@ class Kube:
                 return cls(client.ApiClient(configuration))
             except config.ConfigException:
                 pass
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        # KUBECONFIG read now, not when the kubernetes package was imported (its default is).
+        path = kubeconfig or os.environ.get("KUBECONFIG") or None
+        config.load_kube_config(config_file=path, client_configuration=configuration)
         return cls(client.ApiClient(configuration))
 
     def _plain(self, obj: Any) -> dict[str, Any]:

@@ -453,6 +453,29 @@ def test_the_runtime_role_patches_its_own_rljob_status_and_nothing_else(operator
     assert can_i("get", "secrets") == "no"
 
 
+def test_kopf_run_of_the_handlers_module_works_too(operator, ns, tmp_path, monkeypatch):
+    """`kopf run -m rlkube_operator.handlers`, in-process through kopf's KopfRunner (the module's
+    operator process is paused meanwhile, so only this one acts)."""
+    from kopf.testing import KopfRunner
+
+    cp = operator.cp
+    assert operator.stop() == 0
+    monkeypatch.setenv("KUBECONFIG", str(cp.kubeconfig))
+    # kopf logs in through the kubernetes package, which read KUBECONFIG when this process imported it.
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(cp.kubeconfig))
+    try:
+        with KopfRunner(["run", "-m", "rlkube_operator.handlers", "--standalone", "--namespace", ns],
+                        timeout=60) as runner:
+            assert apply_file(cp, tmp_path / "kr.yaml", rljob_yaml("kr"), ns).returncode == 0
+            wait_rayjob(cp, ns, "kr-0")
+            wait_phase(cp, ns, "kr", "Starting")
+        assert runner.exit_code == 0, runner.output
+        assert runner.exception is None
+        assert "Traceback" not in runner.output
+    finally:
+        operator.start()
+
+
 def test_operator_metrics_are_served(operator):
     text = operator.metrics()
     for name in ("rlkube_operator_reconcile_total", "rlkube_operator_reconcile_duration_seconds_bucket",
