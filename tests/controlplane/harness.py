@@ -170,6 +170,11 @@ class ControlPlane:
         return self._dir / "admin.kubeconfig"
 
     @property
+    def ca_file(self) -> Path:
+        """The cluster CA (signs the API server's serving cert and the client certs)."""
+        return self._dir / "pki" / "ca.crt"
+
+    @property
     def logs_dir(self) -> Path:
         return self._logs_dir_arg or self._dir / "logs"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 
 import pytest
@@ -74,6 +75,24 @@ def test_api_server_answers_with_the_pinned_version(control_plane: ControlPlane)
     assert control_plane.kubectl("auth", "can-i", "create", "pods").stdout.strip() == "yes"
 
 
+def test_service_account_tokens_authenticate_and_rbac_authorizes(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    token = control_plane.kubectl("-n", namespace, "create", "token", "default").stdout.strip()
+    as_sa = ["--kubeconfig=/dev/null", f"--server={control_plane.server}", f"--token={token}",
+             f"--certificate-authority={control_plane.ca_file}"]
+
+    def can_list_pods() -> str:
+        proc = subprocess.run([str(control_plane.bin("kubectl")), *as_sa, "-n", namespace, "auth", "can-i", "list", "pods"],
+                              capture_output=True, text=True, timeout=30)
+        return proc.stdout.strip()
+
+    assert can_list_pods() == "no"  # authenticated as the service account, nothing granted yet
+    control_plane.kubectl("-n", namespace, "create", "rolebinding", "view", "--clusterrole=view",
+                          f"--serviceaccount={namespace}:default")
+    assert control_plane.wait_for(lambda: can_list_pods() == "yes", 30, "RBAC to grant the binding")
+
+
 def test_kwok_nodes_are_ready_with_gpu_capacity(control_plane: ControlPlane) -> None:
     nodes = control_plane.get_json("nodes", "-l", "type=kwok")["items"]
     assert len(nodes) == control_plane.nodes == 2
@@ -83,6 +102,11 @@ def test_kwok_nodes_are_ready_with_gpu_capacity(control_plane: ControlPlane) -> 
         assert node["status"]["capacity"]["nvidia.com/gpu"] == str(control_plane.gpus_per_node) == "8"
         assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(control_plane.gpus_per_node) == "8"
         assert not node["spec"].get("taints"), node["spec"]["taints"]
+
+    from kubernetes import client  # the Python client works against it too
+
+    names = [n.metadata.name for n in client.CoreV1Api(control_plane.kube_client()).list_node().items]
+    assert sorted(names) == ["kwok-node-0", "kwok-node-1"]
 
 
 def test_rayclusters_are_served_by_the_kuberay_crds(control_plane: ControlPlane) -> None:
