@@ -65,6 +65,9 @@ KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 SERVICE_CIDR = "10.0.0.0/24"
 STOP_GRACE_SECONDS = 5  # per component, before SIGKILL
+# Per start-up wait. Generous: on two cores shared with other test runs, digesting KubeRay's CRDs
+# alone has taken 40 s; a healthy start on an idle machine takes well under a minute in all.
+START_TIMEOUT = 180
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 T = TypeVar("T")
@@ -314,7 +317,7 @@ class ControlPlane:
             raise ControlPlaneError(f"helm {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
         return proc
 
-    def create_namespace(self, name: str, timeout: float = 30) -> None:
+    def create_namespace(self, name: str, timeout: float = 60) -> None:
         """Create a namespace and wait for its default service account (pods need it)."""
         self.apply_yaml(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n")
         self.wait_for(
@@ -468,7 +471,7 @@ class ControlPlane:
             "--unsafe-no-fsync",  # test data: durability is not worth the disk latency
             "--log-level=warn",
         ])
-        self._wait_component(etcd, lambda: _http_ok(f"{client}/health"), 30, "etcd /health")
+        self._wait_component(etcd, lambda: _http_ok(f"{client}/health"), START_TIMEOUT, "etcd /health")
 
     def _start_apiserver(self) -> None:
         pki = self._dir / "pki"
@@ -492,7 +495,7 @@ class ControlPlane:
             # The "kubernetes" Service cannot get endpoints on a loopback address; nothing here needs them.
             "--endpoint-reconciler-type=none",
         ])
-        self._wait_component(apiserver, self._apiserver_ready, 90, "kube-apiserver /readyz")
+        self._wait_component(apiserver, self._apiserver_ready, START_TIMEOUT, "kube-apiserver /readyz")
 
     def _apiserver_ready(self) -> bool:
         pki = self._dir / "pki"
@@ -534,7 +537,7 @@ class ControlPlane:
         """kwok reads its Stages from the API server (--enable-crds=Stage), so tests can add more."""
         kwok = self.cache / "kwok"
         self.kubectl("apply", "--server-side", "-f", str(kwok / "crd"))
-        self._wait_established(["stages.kwok.x-k8s.io"], 60)
+        self._wait_established(["stages.kwok.x-k8s.io"], START_TIMEOUT)
         stage_files = [
             kwok / "stage/node-fast/node-initialize.yaml",
             kwok / "stage/node-heartbeat/node-heartbeat.yaml",
@@ -606,13 +609,13 @@ class ControlPlane:
     def _install_kuberay_crds(self) -> None:
         assert self._crd_install is not None
         try:
-            code = self._crd_install.wait(timeout=180)
+            code = self._crd_install.wait(timeout=START_TIMEOUT)
         except subprocess.TimeoutExpired:
             code = None
         if code != 0:
             log = (self.logs_dir / "kuberay-crds.log").read_text(errors="replace")
             raise ControlPlaneError(f"installing the KubeRay CRDs failed (exit {code}):\n{log[-3000:]}")
-        self._wait_established(["rayclusters.ray.io", "rayjobs.ray.io", "rayservices.ray.io"], 120)
+        self._wait_established(["rayclusters.ray.io", "rayjobs.ray.io", "rayservices.ray.io"], START_TIMEOUT)
 
     def _wait_established(self, crds: list[str], timeout: float) -> None:
         # Not `kubectl wait`: it fails at once on a CRD whose status has no conditions yet.
@@ -644,20 +647,20 @@ class ControlPlane:
         insecure.verify_mode = ssl.CERT_NONE  # their serving certs are self-signed, made at start
         self._wait_component(by_name["kube-controller-manager"],
                              lambda: _http_ok(f"https://127.0.0.1:{cm_port}/healthz", insecure),
-                             60, "kube-controller-manager /healthz")
+                             START_TIMEOUT, "kube-controller-manager /healthz")
         self._wait_component(by_name["kube-scheduler"],
                              lambda: _http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure),
-                             60, "kube-scheduler /healthz")
-        self._wait_component(by_name["kwok"], self._nodes_ready, 60, f"{self.nodes} kwok nodes Ready")
+                             START_TIMEOUT, "kube-scheduler /healthz")
+        self._wait_component(by_name["kwok"], self._nodes_ready, START_TIMEOUT, f"{self.nodes} kwok nodes Ready")
         self._wait_component(
             by_name["kube-controller-manager"],
             lambda: self.kubectl("-n", "default", "get", "serviceaccount", "default", check=False).returncode == 0,
-            60, "service account default/default (kube-controller-manager)",
+            START_TIMEOUT, "service account default/default (kube-controller-manager)",
         )
         if self.start_kuberay:
             self._wait_component(by_name["kuberay-operator"],
                                  lambda: _http_ok(f"http://127.0.0.1:{self.kuberay_probe_port}/readyz"),
-                                 60, "kuberay-operator /readyz")
+                                 START_TIMEOUT, "kuberay-operator /readyz")
 
     def _nodes_ready(self) -> bool:
         items = self.get_json("nodes", "-l", "type=kwok")["items"]

@@ -7,6 +7,7 @@ the KubeRay operator. Mark tests that use it ``@pytest.mark.controlplane`` and `
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,12 +34,11 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
             f"run `{BUILD_COMMAND}` first",
             pytrace=False,
         )
-    # Logs go to pytest's temp dir, which outlives the run (pytest keeps the last three).
-    cp = ControlPlane(
-        nodes=FAKE_NODES,
-        gpus_per_node=GPUS_PER_NODE,
-        logs_dir=tmp_path_factory.mktemp("controlplane-logs"),
-    )
+    # Logs go to RLKUBE_CONTROLPLANE_LOGS if set, else to pytest's temp dir, which outlives the run
+    # (pytest keeps the last three runs' dirs).
+    logs = os.environ.get("RLKUBE_CONTROLPLANE_LOGS")
+    logs_dir = Path(logs) if logs else tmp_path_factory.mktemp("controlplane-logs")
+    cp = ControlPlane(nodes=FAKE_NODES, gpus_per_node=GPUS_PER_NODE, logs_dir=logs_dir)
     cp.start()
     pgids = cp.pids
     try:
