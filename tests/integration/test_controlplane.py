@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from harness import BinariesMissing, ControlPlane, ControlPlaneError, processes_in_groups, read_versions
@@ -58,10 +59,11 @@ def ready_cluster(cp: ControlPlane, namespace: str, name: str, workers: int = 1)
 
 
 @pytest.fixture
-def namespace(control_plane: ControlPlane) -> str:
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     control_plane.create_namespace(name)
-    return name
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def start_ray_cluster(cp: ControlPlane, namespace: str, name: str = "rc") -> dict:
@@ -130,6 +132,8 @@ def test_raycluster_pods_are_scheduled_run_and_the_cluster_turns_ready(
         owner = pod["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["uid"]) == ("RayCluster", rc["metadata"]["uid"])
     assert rc["status"]["desiredWorkerReplicas"] == 1
+    conditions = {c["type"]: c["status"] for c in rc["status"]["conditions"]}
+    assert conditions["HeadPodReady"] == conditions["RayClusterProvisioned"] == "True"
     assert rc["status"]["head"]["podIP"], "kwok gives the head pod an IP"
 
 
