@@ -290,6 +290,7 @@ class ControlPlane:
             capture_output=True,
             text=True,
             timeout=timeout,
+            check=False,  # raised below with kubectl's stderr
         )
         if check and proc.returncode != 0:
             raise ControlPlaneError(
@@ -311,7 +312,7 @@ class ControlPlane:
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [str(self.bin("helm")), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True, text=True, timeout=120, env=self.env(),
+            capture_output=True, text=True, timeout=120, env=self.env(), check=False,
         )
         if check and proc.returncode != 0:
             raise ControlPlaneError(f"helm {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
@@ -447,7 +448,7 @@ class ControlPlane:
                 cwd=self._dir,
                 env=env or _clean_env(),
                 start_new_session=True,  # own process group, so stop() can signal all of it
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, bound before the fork
             )
         finally:
             log.close()

@@ -18,7 +18,13 @@ CONTROLPLANE_DIR = Path(__file__).resolve().parents[1] / "controlplane"
 if str(CONTROLPLANE_DIR) not in sys.path:
     sys.path.insert(0, str(CONTROLPLANE_DIR))
 
-from harness import BUILD_COMMAND, ControlPlane, cache_dir, missing_binaries, processes_in_groups  # noqa: E402
+from harness import (  # noqa: E402 - needs the sys.path entry above
+    BUILD_COMMAND,
+    ControlPlane,
+    cache_dir,
+    missing_binaries,
+    processes_in_groups,
+)
 
 FAKE_NODES = 2
 GPUS_PER_NODE = 8
