@@ -174,10 +174,14 @@ def stand_in_ray_job_status(cp: ControlPlane, ns: str, rayjob: str, job_status: 
     patch_status(cp, ns, "rayjob", rayjob, status)
 
 
-def events_of(cp: ControlPlane, ns: str, name: str) -> list[tuple[str, str]]:
+def rljob_events(cp: ControlPlane, ns: str, name: str) -> list[dict]:
     items = kubectl_json(cp, "-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}")["items"]
     items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-    return [(e["type"], e["reason"]) for e in items if e["involvedObject"].get("kind") == "RLJob"]
+    return [e for e in items if e["involvedObject"].get("kind") == "RLJob"]
+
+
+def events_of(cp: ControlPlane, ns: str, name: str) -> list[tuple[str, str]]:
+    return [(e["type"], e["reason"]) for e in rljob_events(cp, ns, name)]
 
 
 def table(cp: ControlPlane, ns: str, *args: str) -> list[dict[str, str]]:
@@ -349,11 +353,13 @@ def test_a_failed_attempt_is_restarted_then_the_backoff_limit_fails_the_job(oper
     # Stand-in for Ray's job server: the driver crashed.
     stand_in_ray_job_status(cp, ns, "crash-0", "FAILED", "Failed", reason="AppFailed",
                             message="trainer rank 0 exited with code 1")
-    rljob = wait_rljob(cp, ns, "crash", "restarted", lambda o: (o.get("status") or {}).get("restarts", {}).get("job") == 1)
-    assert "trainer rank 0 exited with code 1" in rljob["status"]["message"]
+    wait_rljob(cp, ns, "crash", "restarted", lambda o: (o.get("status") or {}).get("restarts", {}).get("job") == 1)
     wait_rayjob(cp, ns, "crash-1")
     cp.wait_for(lambda: get_or_none(cp, ns, "rayjob", "crash-0") is None, 60, "the failed attempt's RayJob deleted")
-    assert ("Warning", "Restarting") in events_of(cp, ns, "crash")
+    [restarting] = [e for e in rljob_events(cp, ns, "crash") if e["reason"] == "Restarting"]
+    assert restarting["type"] == "Warning"
+    assert "RayJob crash-0 failed: AppFailed; trainer rank 0 exited with code 1; attempt 1 (restart 1 of 1)" in (
+        restarting["message"])
     [row] = table(cp, ns)
     assert (row["RESTARTS"], row["REWARD"]) == ("1", "")
     assert operator.metric("rlkube_operator_job_restarts_total") == restarts_before + 1
@@ -476,9 +482,17 @@ def test_kopf_run_of_the_handlers_module_works_too(operator, ns, tmp_path, monke
         operator.start()
 
 
-def test_operator_metrics_are_served(operator):
+def test_operator_metrics_are_served(operator, ns, tmp_path):
+    cp = operator.cp
+    before = operator.metric("rlkube_operator_objects_created_total", kind="RayJob")
+    assert apply_file(cp, tmp_path / "m.yaml", rljob_yaml("m"), ns).returncode == 0
+    wait_phase(cp, ns, "m", "Starting")
     text = operator.metrics()
-    for name in ("rlkube_operator_reconcile_total", "rlkube_operator_reconcile_duration_seconds_bucket",
-                 "rlkube_operator_jobs", "rlkube_operator_job_restarts_total"):
+    for name in ("rlkube_operator_reconcile_total", "rlkube_operator_reconcile_errors_total",
+                 "rlkube_operator_reconcile_duration_seconds_bucket", "rlkube_operator_jobs",
+                 "rlkube_operator_job_restarts_total", "rlkube_operator_objects_created_total"):
         assert name in text
     assert operator.metric("rlkube_operator_reconcile_total", result="ok") > 0
+    assert operator.metric("rlkube_operator_reconcile_duration_seconds_count") > 0
+    assert operator.metric("rlkube_operator_objects_created_total", kind="RayJob") == before + 1
+    assert operator.metric("rlkube_operator_jobs", phase="Starting") >= 1
