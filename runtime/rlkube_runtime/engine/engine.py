@@ -118,17 +118,28 @@ class Engine:
         )
 
     async def health_generate(self) -> bool:
-        """A 1-token greedy generation; while paused or released, a round trip through the loop."""
+        """Healthy when a 1-token greedy generation completes, or (as in SGLang) when the loop
+        makes progress on other work meanwhile; while paused or released, when the loop answers."""
         if self.scheduler.paused_mode is not None or self.scheduler.released_tags:
-            await self._run(lambda: None)
+            await asyncio.wait_for(self._run(lambda: None), HEALTH_CHECK_TIMEOUT_S)
             return True
+        steps_before = self.scheduler.steps
         body = {"input_ids": [0], "rid": f"HEALTH_CHECK_{time.time_ns()}",
                 "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+        probe = asyncio.ensure_future(self.generate(body))
+        deadline = time.monotonic() + HEALTH_CHECK_TIMEOUT_S
         try:
-            await asyncio.wait_for(self.generate(body), HEALTH_CHECK_TIMEOUT_S)
-        except (asyncio.TimeoutError, RuntimeError):
+            while time.monotonic() < deadline:
+                done, _ = await asyncio.wait({probe}, timeout=0.05)
+                if done:
+                    return probe.exception() is None
+                if self.scheduler.steps > steps_before + 1:  # a full step ran since the check began
+                    return True
             return False
-        return True
+        finally:
+            if not probe.done():
+                probe.cancel()
+                await asyncio.gather(probe, return_exceptions=True)
 
     # ---- control ---------------------------------------------------------------------------
 

@@ -43,6 +43,8 @@ class Scheduler:
         self.released_tags: set[str] = set()
         self.generated_tokens = 0  # since start, for throughput reporting
         self.finished_requests = 0  # since start, answered with any finish reason
+        self.steps = 0  # generation steps run; a health check counts progress as health
+        self.kv_tokens = 0  # tokens held in the running batch's cache, kept as a plain int
 
         self._lock = threading.Condition()
         self._inbox: list[Sequence] = []
@@ -84,12 +86,7 @@ class Scheduler:
         """Approximate counts read without locking (the router and clients only poll them)."""
         with self._lock:
             inbox = len(self._inbox)
-        kv = self._kv
-        return {
-            "running": len(self._running),
-            "waiting": len(self._waiting) + inbox,
-            "kv_tokens": kv.num_tokens() if kv is not None else 0,
-        }
+        return {"running": len(self._running), "waiting": len(self._waiting) + inbox, "kv_tokens": self.kv_tokens}
 
     # ---- commands (run in the loop thread through `call`) ------------------------------------
 
@@ -187,6 +184,10 @@ class Scheduler:
         self._admit()
         if self._running:
             self._decode()
+        self.steps += 1
+        # Everything but each row's newest token is in the cache (counted here, not read off the
+        # device, so polling the load never waits for the GPU).
+        self.kv_tokens = sum(seq.num_tokens - 1 for seq in self._running)
 
     def _admit(self) -> None:
         """Prefill as many waiting requests as fit, in one left-padded forward, and join them."""
@@ -245,6 +246,7 @@ class Scheduler:
                 self._deliver(seq)
         self._running = [self._running[i] for i in keep]
         self._kv = self._kv.select(keep) if keep else None
+        self.kv_tokens = sum(seq.num_tokens - 1 for seq in self._running)
 
     def _retire_finished_waiting(self) -> None:
         for seq in [s for s in self._waiting if s.finished]:
@@ -256,6 +258,7 @@ class Scheduler:
         self._waiting.extendleft(reversed(self._running))
         self._running = []
         self._kv = None
+        self.kv_tokens = 0
 
     def _deliver(self, seq: Sequence) -> None:
         if seq.future.done():
@@ -269,4 +272,5 @@ class Scheduler:
                 seq.future.set_exception(err)
         self._running = []
         self._kv = None
+        self.kv_tokens = 0
 

@@ -79,7 +79,7 @@ async def _paused_run_matches_uninterrupted(start_engine, mode):
     await _wait_for_tokens(client, 20)
     await _post(client, "/pause_generation", {"mode": mode})
     held = await _load(client)
-    late = _start(client, {"text": "late", "sampling_params": {"max_new_tokens": 3}})
+    late = _start(client, {"text": "late", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
     assert await _still_pending(task) and await _still_pending(late, 0.05)
     assert (await _load(client))["num_tokens"] == held["num_tokens"], "tokens were generated while paused"
 
@@ -109,17 +109,26 @@ async def test_pause_abort_ends_running_requests_and_holds_new_ones(client):
     assert (await _post(client, "/pause_generation", {"mode": "abort"}))["status"] == "ok"
     assert (await task)["meta_info"]["finish_reason"]["type"] == "abort"
 
-    late = _start(client, {"text": "y", "sampling_params": {"max_new_tokens": 2}})
+    late = _start(client, {"text": "y", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}})
     assert await _still_pending(late)
     await _post(client, "/continue_generation")
     assert len((await late)["output_ids"]) == 2
 
 
-async def test_health_generate_answers_when_idle_busy_and_paused(client):
+async def test_health_generate_answers_when_idle_saturated_and_paused(start_engine):
+    client = await start_engine(max_running_requests=1)
     assert (await client.get("/health_generate")).status == 200
+    # The only slot is taken, so the probe cannot run; progress on other work counts as health.
     task = _start(client, {"text": "x", "sampling_params": LONG})
     await _wait_for_tokens(client, 5)
+    started = asyncio.get_running_loop().time()
     assert (await client.get("/health_generate")).status == 200
+    assert asyncio.get_running_loop().time() - started < 5
+    for _ in range(200):  # the abandoned probe leaves the queue at the next step boundary
+        if (await _load(client))["num_waiting_reqs"] == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert (await _load(client))["num_waiting_reqs"] == 0
     await _post(client, "/pause_generation", {"mode": "in_place"})
     assert (await client.get("/health_generate")).status == 200
     await _post(client, "/abort_request", {"abort_all": True})

@@ -37,7 +37,7 @@ async def test_a_bad_request_raises_the_servers_message_without_retrying(client)
 async def test_connection_errors_are_retried_until_the_engine_comes_up(tiny_model_dir):
     port = free_port()
     async with RolloutClient(f"http://127.0.0.1:{port}", max_attempts=8) as rollout:
-        pending = asyncio.ensure_future(rollout.generate({"text": "late", "sampling_params": {"max_new_tokens": 3}}))
+        pending = asyncio.ensure_future(rollout.generate({"text": "late", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}))
         await asyncio.sleep(0.5)
         assert not pending.done()
         server = TestServer(build_app(Engine.load(EngineConfig(model_path=str(tiny_model_dir)))), port=port)
