@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlkube_runtime.engine import protocol, weights
-from rlkube_runtime.engine.protocol import GenerateItem, GenerateRequest, ProtocolError
+from rlkube_runtime.engine.protocol import GenerateItem, ProtocolError
 from rlkube_runtime.engine.sampling import request_generator
 from rlkube_runtime.engine.scheduler import Scheduler
 from rlkube_runtime.engine.sequence import Sequence

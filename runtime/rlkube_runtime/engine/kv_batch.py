@@ -94,9 +94,12 @@ class KVBatch:
     def join(self, other: KVBatch) -> KVBatch:
         """Rows of `self` followed by rows of `other`, padded on the left to the longer one."""
         slots = max(self.slots, other.slots)
-        pad = lambda t: _pad_slots_left(t, slots - t.shape[-2])  # noqa: E731
+
+        def both(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.cat([_pad_slots_left(a, slots - a.shape[-2]), _pad_slots_left(b, slots - b.shape[-2])])
+
         layers = [
-            GrowableLayer(torch.cat([pad(ka), pad(kb)]), torch.cat([pad(va), pad(vb)]))
+            GrowableLayer(both(ka, kb), both(va, vb))
             for (ka, va), (kb, vb) in zip(self.layer_tensors(), other.layer_tensors())
         ]
         mask = torch.cat([_pad_slots_left(self.attention_mask, slots - self.slots), _pad_slots_left(other.attention_mask, slots - other.slots)])

@@ -363,7 +363,9 @@ def _parse_sampling(value: Any, field: str) -> SamplingParams:
     params = _require_object(value, field)
     known = {f.name for f in dataclasses.fields(SamplingParams)}
     _check_neutral_fields(params, _NEUTRAL_SAMPLING_FIELDS, known=known, prefix=f"{field}.")
-    get = lambda key, default: default if params.get(key) is None else params[key]  # noqa: E731
+
+    def get(key: str, default: Any) -> Any:
+        return default if params.get(key) is None else params[key]
 
     temperature = _number(get("temperature", 1.0), f"{field}.temperature", low=0.0)
     top_p = _number(get("top_p", 1.0), f"{field}.top_p", low=0.0, high=1.0)

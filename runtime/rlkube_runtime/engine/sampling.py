@@ -38,7 +38,7 @@ def sample_tokens(
 ) -> tuple[list[int], list[float]]:
     """Pick one token per row of `logits` [batch, vocab]; return (token ids, their logprobs)."""
     logits = logits.float()
-    batch, vocab = logits.shape
+    vocab = logits.shape[-1]
     device = logits.device
     greedy = torch.tensor([p.greedy for p in params], device=device)
     # Greedy rows use temperature 1 so their logprob is the raw log_softmax.

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from rlkube_runtime.engine import protocol
 from rlkube_runtime.engine.kv_batch import KVBatch, new_cache
 from rlkube_runtime.engine.kv_batch import forward as kv_forward
@@ -170,7 +171,7 @@ class Scheduler:
             return
         try:
             future.set_result(command())
-        except BaseException as err:  # handed to the awaiting request handler
+        except Exception as err:  # handed to the awaiting request handler
             future.set_exception(err)
 
     def _drain_inbox(self) -> None:
