@@ -64,7 +64,10 @@ class Engine:
     def load(cls, config: EngineConfig) -> Engine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.dtype]
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if config.dtype not in dtypes:
+            raise ValueError(f"dtype must be one of {list(dtypes)}, got {config.dtype!r}")
+        dtype = dtypes[config.dtype]
         tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
         model.to(config.device).eval()
@@ -121,7 +124,10 @@ class Engine:
         """Healthy when a 1-token greedy generation completes, or (as in SGLang) when the loop
         makes progress on other work meanwhile; while paused or released, when the loop answers."""
         if self.scheduler.paused_mode is not None or self.scheduler.released_tags:
-            await asyncio.wait_for(self._run(lambda: None), HEALTH_CHECK_TIMEOUT_S)
+            try:
+                await asyncio.wait_for(self._run(lambda: None), HEALTH_CHECK_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                return False
             return True
         steps_before = self.scheduler.steps
         body = {"input_ids": [0], "rid": f"HEALTH_CHECK_{time.time_ns()}",

@@ -20,14 +20,18 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK, *ROLE_TOKENS)
 DEFAULT_ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \t\n\r"
 
 # Each message is `<|role|>content<eos>`; a generation prompt ends with `<|assistant|>`, so a
-# model that ends its answer with <eos> reproduces the template exactly.
+# model that ends its answer with <eos> reproduces the template exactly. Content may be a string
+# or OpenAI-style text parts ([{"type": "text", "text": ...}]).
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
     "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('chat role must be system, user, assistant or tool, got ' + message['role']) }}"
     "{% endif %}"
-    "{{ '<|' + message['role'] + '|>' }}{{ message['content'] }}{{ eos_token }}"
+    "{{ '<|' + message['role'] + '|>' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
+    "{{ eos_token }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )

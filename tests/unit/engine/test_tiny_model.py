@@ -57,6 +57,12 @@ def test_chat_template_renders_openai_messages_with_generation_prompt(tiny_model
     assert tokenizer.decode(ids, skip_special_tokens=True) == "be brief2+2?"
 
 
+def test_chat_template_accepts_openai_content_parts(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "1+1"}, {"type": "text", "text": "=?"}]}]
+    assert tokenizer.apply_chat_template(parts, tokenize=False) == "<bos><|user|>1+1=?<eos>"
+
+
 def test_rejects_head_count_that_does_not_divide_hidden_size(tmp_path):
     with pytest.raises(ValueError, match="num_heads"):
         build_tiny_checkpoint(tmp_path, hidden_size=64, num_heads=5)
