@@ -157,6 +157,8 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
     try:
         render.check_name(ref.name)
         job = parse_rljob(_spec_object(body))
+        # Rendered once up front so a spec that cannot become pods creates nothing at all.
+        render.render_rayjob(ref, job.spec, attempt=0, settings=settings)
     except (SpecError, render.RenderError) as exc:
         return _fail_permanently(obs, plan, _first_error(exc))
 

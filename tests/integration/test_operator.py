@@ -211,18 +211,33 @@ def test_an_rljob_breaking_the_batch_equation_is_refused_naming_the_field(crd_in
     assert get_or_none(crd_installed, ns, "rljob", "bad") is None
 
 
-def test_an_rljob_the_api_server_accepts_but_kuberay_could_not_run_fails_at_once(operator, ns, tmp_path):
+@pytest.mark.parametrize(
+    ("name", "spec", "field"),
+    [
+        # 47 characters: its RayJob 'name-0' would pass KubeRay's 47-character limit.
+        ("a-very-long-rljob-name-that-kuberay-cannot-take", {}, "metadata.name"),
+        ("odd-gpus", {"rollout": {"gpusPerEngine": 2},
+                      "resources": {"placement": "separate", "trainer": {"nodes": 1, "gpusPerNode": 2},
+                                    "rollout": {"gpus": 3}}}, "spec.rollout.gpusPerEngine"),
+    ],
+    ids=["name-too-long", "gpus-not-whole-engines"],
+)
+def test_a_spec_that_cannot_become_pods_fails_at_once_naming_the_field(operator, ns, tmp_path, name, spec, field):
+    """Refused by the API server if the CRD has a rule for it, otherwise failed by the operator
+    before anything is created (phase Failed, reason InvalidSpec, kopf.PermanentError logged)."""
     cp = operator.cp
-    name = "a-very-long-rljob-name-that-kuberay-cannot-take"  # 47 characters; '-0' would make 49
-    assert apply_file(cp, tmp_path / "long.yaml", rljob_yaml(name), ns).returncode == 0
+    proc = apply_file(cp, tmp_path / "bad.yaml", rljob_yaml(name, **spec), ns)
+    if proc.returncode != 0:
+        assert field in proc.stderr or field.removeprefix("spec.") in proc.stderr, proc.stderr
+        return
     rljob = wait_phase(cp, ns, name, "Failed", timeout=30)
     failed = {c["type"]: c for c in rljob["status"]["conditions"]}["Failed"]
     assert failed["reason"] == "InvalidSpec"
-    assert failed["message"].startswith(f"metadata.name: {name!r} is 47 characters")
+    assert failed["message"].startswith(f"{field}: ")
     assert ("Warning", "Failed") in events_of(cp, ns, name)
     assert kubectl_json(cp, "-n", ns, "get", "rayjobs")["items"] == []
     assert get_or_none(cp, ns, "configmap", f"{name}-spec") is None
-    cp.wait_for(lambda: "failed permanently" in operator.log_text(), 10, "kopf to log the permanent error")
+    cp.wait_for(lambda: f"{ns}/{name} failed: {field}" in operator.log_text(), 10, "kopf to log the permanent error")
 
 
 def test_a_colocated_rljob_runs_to_success_through_kuberay(operator, ns, tmp_path):
