@@ -288,7 +288,7 @@ def _init_ray() -> str:
 def _plan_topology(spec):
     import ray
 
-    from rlkube_runtime.topology import plan_topology
+    from rlkube_runtime.topology import TRAINER_RESOURCE, plan_topology
 
     resources = ray.cluster_resources()
     return plan_topology(
@@ -299,6 +299,7 @@ def _plan_topology(spec):
         gpus_per_engine=spec.rollout.gpus_per_engine,
         visible_gpus=int(resources.get("GPU", 0)),
         cpus=int(resources.get("CPU", 1)),
+        pod_resources=TRAINER_RESOURCE in resources,
     )
 
 
@@ -308,6 +309,7 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from rlkube_runtime.rollout.manager import RolloutManager
+    from rlkube_runtime.topology import ROUTER_RESOURCE
     from rlkube_runtime.train_worker import TrainerWorker
 
     spec_dict = plan.job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -337,7 +339,9 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
         for rank in range(topology.trainer_world_size)
     ]
     manager_cls = ray.remote(RolloutManager)
-    rollout = manager_cls.options(num_cpus=0, max_concurrency=16).remote(
+    # The router runs inside the manager's process: on a rollout pod when the operator made some.
+    router_pod = {ROUTER_RESOURCE: 0.01} if ROUTER_RESOURCE in ray.cluster_resources() else {}
+    rollout = manager_cls.options(num_cpus=0, max_concurrency=16, resources=router_pod).remote(
         spec_dict,
         model_path=plan.model_path,
         log_dir=str(plan.output_dir / "logs"),

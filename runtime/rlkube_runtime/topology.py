@@ -7,11 +7,20 @@ rendering (how many GPUs each pod asks for) and the runtime's placement agree by
 - colocated: engines share the trainer's GPUs; the trainer and the engines release memory in turn.
 On a machine without GPUs (the embedded default) the job runs one trainer rank and one engine,
 each with a share of the CPUs, whatever the GPU counts in the spec say.
+
+Inside a KubeRay cluster the operator labels pods with Ray custom resources (`rlkube_trainer` on
+trainer pods, `rlkube_rollout` and `rlkube_router` on rollout pods; all three on colocated ones);
+with `pod_resources` the bundles ask for them, so each actor lands on a pod of its own group.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Ray custom resources the operator gives each worker group (rlkube_operator.render).
+TRAINER_RESOURCE = "rlkube_trainer"
+ROLLOUT_RESOURCE = "rlkube_rollout"
+ROUTER_RESOURCE = "rlkube_router"
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ def plan_topology(
     gpus_per_engine: int,
     visible_gpus: int,
     cpus: int,
+    pod_resources: bool = False,
 ) -> Topology:
     if visible_gpus == 0:
         return _cpu_plan(placement, cpus)
@@ -64,16 +74,18 @@ def plan_topology(
             f"spec.resources: the job needs {needed} GPUs ({placement} placement) but Ray sees {visible_gpus}"
         )
     num_engines = engine_gpus // gpus_per_engine
+    trainer_tag = {TRAINER_RESOURCE: 1.0} if pod_resources else {}
     if placement == "colocated":
-        bundles = tuple({"GPU": 1.0, "CPU": 1.0} for _ in range(trainer_gpus))
+        bundles = tuple({"GPU": 1.0, "CPU": 1.0, **trainer_tag} for _ in range(trainer_gpus))
         trainer_bundles = tuple(range(trainer_gpus))
         engine_bundles = tuple(j * gpus_per_engine for j in range(num_engines))
         # Fractions so a trainer rank and an engine fit on the same GPU bundle.
         trainer_res = {"GPU": 0.4, "CPU": 0.4}
         engine_res = {"GPU": 0.2, "CPU": 0.2}
     else:
-        bundles = tuple({"GPU": 1.0, "CPU": 1.0} for _ in range(trainer_gpus)) + tuple(
-            {"GPU": float(gpus_per_engine), "CPU": 1.0} for _ in range(num_engines)
+        rollout_tag = {ROLLOUT_RESOURCE: float(gpus_per_engine)} if pod_resources else {}
+        bundles = tuple({"GPU": 1.0, "CPU": 1.0, **trainer_tag} for _ in range(trainer_gpus)) + tuple(
+            {"GPU": float(gpus_per_engine), "CPU": 1.0, **rollout_tag} for _ in range(num_engines)
         )
         trainer_bundles = tuple(range(trainer_gpus))
         engine_bundles = tuple(trainer_gpus + j for j in range(num_engines))

@@ -36,3 +36,23 @@ def test_without_gpus_one_trainer_and_one_engine_share_the_cpus():
 def test_impossible_layouts_name_the_field(kw, text):
     with pytest.raises(ValueError, match=text):
         plan(**kw)
+
+
+def test_in_a_kuberay_cluster_bundles_ask_for_the_pod_group_resources():
+    t = plan(pod_resources=True)
+    assert all(b.get("rlkube_trainer") == 1 for b in t.bundles[:4])
+    assert all(b.get("rlkube_rollout") == 2 and "rlkube_trainer" not in b for b in t.bundles[4:])
+    colocated = plan(placement="colocated", pod_resources=True)
+    assert all(b.get("rlkube_trainer") == 1 for b in colocated.bundles)
+    assert all("rlkube_trainer" not in b for b in plan().bundles)
+
+
+def test_the_runtime_asks_for_the_resources_the_operator_gives_its_pods():
+    from rlkube_operator import render
+    from rlkube_runtime import topology
+
+    assert (render.TRAINER_RESOURCE, render.ROLLOUT_RESOURCE, render.ROUTER_RESOURCE) == (
+        topology.TRAINER_RESOURCE,
+        topology.ROLLOUT_RESOURCE,
+        topology.ROUTER_RESOURCE,
+    )
