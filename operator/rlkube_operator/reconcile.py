@@ -186,14 +186,7 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
             return _fail_permanently(obs, plan, _first_error(exc))
     desired_cm = render.render_configmap(ref, spec_dict)
 
-    if obs.configmap is None:
-        plan.create.append(desired_cm)
-    if not obs.service_account:
-        plan.create.append(render.render_service_account(ref))
-    if not obs.role:
-        plan.create.append(render.render_role(ref))
-    if not obs.role_binding:
-        plan.create.append(render.render_role_binding(ref))
+    _plan_children(obs, ref, desired_cm, plan)
 
     def refresh_configmap() -> None:
         # The runtime reads the spec when an attempt starts: bring the file up to date then.
@@ -214,21 +207,21 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
         message = f"spec.activeDeadlineSeconds({job.spec.active_deadline_seconds}) passed; the job ran out of time"
         return _finish_status(obs, job, plan, RLJobPhase.FAILED, "DeadlineExceeded", message, n, current)
 
-    try:
-        if current is None:
+    if current is None:
+        try:
             rayjob = render.render_rayjob(
                 ref, job.spec, attempt=n, settings=settings, active_deadline_seconds=deadline_left
             )
-            refresh_configmap()
-            plan.create.append(rayjob)
-            phase = RLJobPhase.SUSPENDED if job.spec.suspend else RLJobPhase.PENDING
-            reason = "Suspended" if job.spec.suspend else "RayJobCreated"
-            message = f"created RayJob {name} (attempt {n})" + (", suspended" if job.spec.suspend else "")
-            _status(obs, job, plan, phase, reason, message, n, None)
-            plan.requeue_after = settings.resync_seconds
-            return plan
-    except render.RenderError as exc:
-        return _fail_permanently(obs, plan, (exc.field, exc.message))
+        except render.RenderError as exc:  # only when held fixed fields make a different spec
+            return _fail_permanently(obs, plan, (exc.field, exc.message))
+        refresh_configmap()
+        plan.create.append(rayjob)
+        phase = RLJobPhase.SUSPENDED if job.spec.suspend else RLJobPhase.PENDING
+        reason = "Suspended" if job.spec.suspend else "RayJobCreated"
+        message = f"created RayJob {name} (attempt {n})" + (", suspended" if job.spec.suspend else "")
+        _status(obs, job, plan, phase, reason, message, n, None)
+        plan.requeue_after = settings.resync_seconds
+        return plan
 
     if current["metadata"].get("deletionTimestamp"):
         # Someone deleted the current attempt's RayJob; make it again once it is gone.
@@ -242,19 +235,39 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
     if attempt.phase == RLJobPhase.SUCCEEDED:
         return _finish_status(obs, job, plan, RLJobPhase.SUCCEEDED, attempt.reason, attempt.message, n, current, attempt)
 
-    phase, reason, message = attempt.phase, attempt.reason, attempt.message
-    want_suspend = bool(job.spec.suspend)
-    if bool((current.get("spec") or {}).get("suspend")) != want_suspend:
-        if not want_suspend:
-            refresh_configmap()
-        plan.patch_rayjobs.append((name, {"spec": {"suspend": want_suspend}}))
-    if want_suspend and phase != RLJobPhase.SUSPENDED:
-        phase, reason, message = RLJobPhase.SUSPENDED, "Suspending", f"suspending RayJob {name}: its pods are being deleted"
-    elif not want_suspend and phase == RLJobPhase.SUSPENDED:
-        phase, reason, message = RLJobPhase.STARTING, "Resuming", f"resuming RayJob {name} from the latest checkpoint"
+    phase, reason, message = _check_suspend_and_update_if_needed(job, current, attempt, plan, refresh_configmap)
     _status(obs, job, plan, phase, reason, message, n, current, attempt)
     plan.requeue_after = settings.resync_seconds
     return plan
+
+
+def _plan_children(obs: Observed, ref: render.JobRef, configmap: dict[str, Any], plan: Plan) -> None:
+    """Create whichever of the ConfigMap, ServiceAccount, Role and RoleBinding is missing."""
+    if obs.configmap is None:
+        plan.create.append(configmap)
+    if not obs.service_account:
+        plan.create.append(render.render_service_account(ref))
+    if not obs.role:
+        plan.create.append(render.render_role(ref))
+    if not obs.role_binding:
+        plan.create.append(render.render_role_binding(ref))
+
+
+def _check_suspend_and_update_if_needed(
+    job: RLJob, current: dict[str, Any], attempt: Attempt, plan: Plan, refresh_configmap: Any
+) -> tuple[RLJobPhase, str, str]:
+    """Bring the RayJob's suspend flag to spec.suspend; the phase, reason and message to show."""
+    name = current["metadata"]["name"]
+    want = bool(job.spec.suspend)
+    if bool((current.get("spec") or {}).get("suspend")) != want:
+        if not want:
+            refresh_configmap()  # a resumed attempt starts the runtime again: it reads the spec then
+        plan.patch_rayjobs.append((name, {"spec": {"suspend": want}}))
+    if want and attempt.phase != RLJobPhase.SUSPENDED:
+        return RLJobPhase.SUSPENDED, "Suspending", f"suspending RayJob {name}: its pods are being deleted"
+    if not want and attempt.phase == RLJobPhase.SUSPENDED:
+        return RLJobPhase.STARTING, "Resuming", f"resuming RayJob {name} from the latest checkpoint"
+    return attempt.phase, attempt.reason, attempt.message
 
 
 def _attempt_failed(
