@@ -14,7 +14,6 @@ import logging
 import os
 
 import kopf
-
 from rlkube_runtime.spec import API_GROUP, API_VERSION_NAME, PLURAL
 
 from . import metrics

@@ -15,7 +15,6 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-
 from rlkube_runtime.spec import API_GROUP, API_VERSION_NAME, PLURAL
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 from rlkube_runtime.spec import RLJobPhase
 
 RECONCILES = Counter(

@@ -12,7 +12,6 @@ import argparse
 import sys
 
 import yaml
-
 from rlkube_runtime.spec.load import SpecError, load_documents, parse_rljob
 
 from . import render

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-
 from rlkube_runtime.spec import API_VERSION, KIND, RLJobSpec
 
 from .settings import OperatorSettings

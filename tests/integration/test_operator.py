@@ -30,7 +30,6 @@ from operator_fixtures import (
     rfc3339_now,
     token_kubeconfig,
 )
-
 from rlkube_runtime.spec.load import parse_rljob
 from rlkube_runtime.status_report import RLJobStatusReporter
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from operator_testutil import default_settings
-
 from rlkube_operator.settings import OperatorSettings
 
 

@@ -8,7 +8,6 @@ import copy
 from datetime import timedelta
 
 from operator_testutil import NOW, default_settings, make_body
-
 from rlkube_operator import metrics, render
 from rlkube_operator.controller import Controller
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from rlkube_operator.preview import main, preview
 from rlkube_runtime.spec.load import load_documents
 

@@ -7,9 +7,13 @@ from datetime import timedelta
 
 import pytest
 from operator_testutil import CREATED, NOW, make_body, observed, rayjob_with_status
-
 from rlkube_operator import render
-from rlkube_operator.reconcile import FAILED_AT_ANNOTATION, backoff_seconds, current_attempt, reconcile
+from rlkube_operator.reconcile import (
+    FAILED_AT_ANNOTATION,
+    backoff_seconds,
+    current_attempt,
+    reconcile,
+)
 from rlkube_operator.status import status_changes
 
 RUNNING = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": "tiny-0-x1y2z"}

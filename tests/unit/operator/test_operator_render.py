@@ -7,7 +7,6 @@ import json
 import pytest
 import yaml
 from operator_testutil import default_settings, make_body
-
 from rlkube_operator import render
 from rlkube_runtime.spec.load import parse_rljob
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from rlkube_operator.settings import OperatorSettings
 from rlkube_runtime import __version__
 

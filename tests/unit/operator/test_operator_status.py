@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import pytest
 from operator_testutil import NOW
-
 from rlkube_operator import status as st
 from rlkube_runtime.spec import RLJobPhase as P
 
