@@ -210,6 +210,25 @@ def test_an_rljob_breaking_the_batch_equation_is_refused_naming_the_field(crd_in
     assert get_or_none(crd_installed, ns, "rljob", "bad") is None
 
 
+def test_fields_a_running_job_depends_on_cannot_change_but_others_can(crd_installed, ns, tmp_path):
+    """The CRD's transition rules (self == oldSelf) run in the API server on every update."""
+    cp = crd_installed
+    assert apply_file(cp, tmp_path / "job.yaml", rljob_yaml("fixed"), ns).returncode == 0
+    for patch, field in [
+        ({"rollout": {"batchSize": 8, "nSamplesPerPrompt": 2}, "training": {"globalBatchSize": 16}}, "spec.rollout.batchSize"),
+        ({"model": {"preset": "tiny", "hfCheckpoint": "/other"}}, "spec.model"),
+        ({"resources": {"placement": "separate"}}, "spec.resources.placement"),
+    ]:
+        proc = cp.kubectl("-n", ns, "patch", "rljob", "fixed", "--type", "merge", "-p", json.dumps({"spec": patch}),
+                          check=False)
+        assert proc.returncode != 0, f"{field} changed"
+        assert f"{field} cannot change while the RLJob exists" in proc.stderr, proc.stderr
+    proc = cp.kubectl("-n", ns, "patch", "rljob", "fixed", "--type", "merge", "-p",
+                      json.dumps({"spec": {"training": {"numRollout": 7}, "suspend": True}}), check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert kubectl_json(cp, "-n", ns, "get", "rljob", "fixed")["spec"]["training"]["numRollout"] == 7
+
+
 @pytest.mark.parametrize(
     ("name", "spec", "field"),
     [

@@ -53,13 +53,36 @@ def cross_field_error(violations: list[tuple[str, str]]) -> PydanticCustomError:
     return PydanticCustomError(CROSS_FIELD_ERROR, "{summary}", {"summary": summary, "violations": violations})
 
 
-def section(model_cls: type[BaseModel], description: str) -> Any:
+def section(model_cls: type[BaseModel], description: str, *, rules: tuple[dict[str, str], ...] = ()) -> Any:
     """A spec section that may be omitted: it defaults to the section's own defaults.
 
     The CRD gets `default: {}` so the API server fills in the section's nested defaults too, and
-    a stored object shows every value the job actually runs with.
+    a stored object shows every value the job actually runs with. `rules` are extra CEL rules on
+    the section's node (e.g. `immutable(...)`).
     """
-    return Field(default_factory=model_cls, description=description, json_schema_extra={"default": {}})
+    extra: dict[str, Any] = {"default": {}}
+    if rules:
+        extra["x-kubernetes-validations"] = [dict(r) for r in rules]
+    return Field(default_factory=model_cls, description=description, json_schema_extra=extra)
+
+
+def immutable(path: str) -> dict[str, str]:
+    """A CEL transition rule: the field at spec.<path> keeps the value it was created with.
+
+    The running job's checkpoints, data position and pod layout depend on these fields; changing
+    them mid-run would corrupt a resume rather than reconfigure it. The operator also ignores such
+    changes (with a Warning event) in case a CRD without these rules is installed.
+    """
+    return {
+        "rule": "self == oldSelf",
+        "message": f"spec.{path} cannot change while the RLJob exists: its checkpoints depend on it; "
+        "create a new RLJob to change it",
+    }
+
+
+def immutable_field(path: str) -> dict[str, Any]:
+    """`json_schema_extra` for a scalar field that must not change after creation."""
+    return {"x-kubernetes-validations": [immutable(path)]}
 
 
 # --- reusable field types -------------------------------------------------------------------

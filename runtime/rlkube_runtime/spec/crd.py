@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel
 
 from .base import API_GROUP, API_VERSION_NAME, KIND, PLURAL, SHORT_NAMES, SINGULAR
-from .rljob import RLJob, RLJobSpec
+from .rljob import NAME_RULE, RLJob, RLJobSpec
 from .status import RLJobStatus
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
@@ -110,6 +110,7 @@ def root_schema() -> dict[str, Any]:
             "status": status,
         },
         "required": ["spec"],
+        "x-kubernetes-validations": [_ordered_rule(NAME_RULE)],
     })
 
 
@@ -136,7 +137,12 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], where: str) -> dict[str
         inner = None
     out = _convert_keys(node, defs, where)
     if inner is not None:
-        out = {**_convert(inner, defs, where), **out}
+        converted = _convert(inner, defs, where)
+        # Rules of the field (e.g. immutability) join the rules of the model it refers to.
+        rules = converted.get("x-kubernetes-validations", []) + out.get("x-kubernetes-validations", [])
+        out = {**converted, **out}
+        if rules:
+            out["x-kubernetes-validations"] = rules
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):

@@ -10,7 +10,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from .base import KubeObject, SpecModel, section
+from .base import KubeObject, SpecModel, immutable_field, section
 
 _RESOURCES_DOC = (
     "Kubernetes ResourceRequirements of each pod (requests, limits); GPUs are added from the GPU count. "
@@ -51,8 +51,10 @@ class ResourcesSpec(SpecModel):
 
     placement: Literal["separate", "colocated"] = Field(
         default="separate",
+        json_schema_extra=immutable_field("resources.placement"),
         description="separate: engines get their own GPUs (rollout.gpus). colocated: engines share the trainer's "
-        "GPUs, trainer and engines releasing memory in turn (not with training.mode async). Default separate.",
+        "GPUs, trainer and engines releasing memory in turn (not with training.mode async). Default separate; "
+        "fixed after creation.",
     )
     trainer: TrainerResources = section(TrainerResources, "Trainer pods.")
     rollout: RolloutResources = section(RolloutResources, "Rollout-engine pods (separate placement).")

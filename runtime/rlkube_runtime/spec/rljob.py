@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from .algorithm import AlgorithmSpec
-from .base import API_VERSION, KIND, SpecModel, cel_rules, cross_field_error, section
+from .base import API_VERSION, KIND, SpecModel, cel_rules, cross_field_error, immutable, immutable_field, section
 from .checkpoint import CheckpointSpec
 from .data import DataSpec
 from .eval import EvalSpec
@@ -49,6 +49,15 @@ BATCH_DIVISIBLE_RULE = {
     f".format([{_SAMPLES_ARGS}, self.training.numStepsPerRollout])",
     "fieldPath": ".training.numStepsPerRollout",
 }
+ENGINE_GPUS_RULE = {
+    "rule": "!has(self.resources) || self.resources.placement != 'separate' || "
+    "(self.resources.rollout.gpus >= self.rollout.gpusPerEngine && "
+    "self.resources.rollout.gpus % self.rollout.gpusPerEngine == 0)",
+    "messageExpression": "'resources.rollout.gpus(%d) must be a positive multiple of rollout.gpusPerEngine(%d) with "
+    "separate placement: the rollout GPUs are split into whole engines'.format([self.resources.rollout.gpus, "
+    "self.rollout.gpusPerEngine])",
+    "fieldPath": ".resources.rollout.gpus",
+}
 ASYNC_PLACEMENT_RULE = {
     "rule": "self.training.mode != 'async' || !has(self.resources) || self.resources.placement != 'colocated'",
     "message": _ASYNC_COLOCATED,
@@ -63,15 +72,25 @@ class RLJobSpec(SpecModel):
     on in training.numStepsPerRollout optimizer steps of training.globalBatchSize samples each.
     """
 
-    model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE)
+    model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE)
 
-    model: ModelSpec = Field(description="Policy model: starting weights, checkpoint directories, precision. Required.")
-    data: DataSpec = Field(description="Prompt dataset and record keys. Required.")
+    model: ModelSpec = Field(
+        description="Policy model: starting weights, checkpoint directories, precision. Required; fixed after creation.",
+        json_schema_extra=immutable_field("model"),
+    )
+    data: DataSpec = Field(
+        description="Prompt dataset and record keys. Required; fixed after creation.",
+        json_schema_extra=immutable_field("data"),
+    )
     rollout: RolloutSpec = Field(description="Generation: batch, sampling parameters, engines, plugins. Required.")
     reward: RewardSpec = Field(description="Reward function. Required.")
     algorithm: AlgorithmSpec = section(AlgorithmSpec, "Advantage estimator and policy-loss terms. Default: GRPO.")
     training: TrainingSpec = Field(description="Rollout count, optimizer steps per rollout, sync/async, optimizer. Required.")
-    parallelism: ParallelismSpec = section(ParallelismSpec, "Trainer parallelism and micro-batching. Default: none.")
+    parallelism: ParallelismSpec = section(
+        ParallelismSpec,
+        "Trainer parallelism and micro-batching. Default: none. Fixed after creation.",
+        rules=(immutable("parallelism"),),
+    )
     eval: EvalSpec = section(EvalSpec, "Periodic evaluation. Default: none.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint cadence and retention.")
     resources: ResourcesSpec = section(ResourcesSpec, "Placement, pods, volumes and environment.")
@@ -109,6 +128,13 @@ class RLJobSpec(SpecModel):
         violations = batch_violations(self.rollout, self.training)
         if self.training.mode == "async" and self.resources.placement == "colocated":
             violations.append(("training.mode", _ASYNC_COLOCATED))
+        gpus, per_engine = self.resources.rollout.gpus, self.rollout.gpus_per_engine
+        if self.resources.placement == "separate" and (gpus < per_engine or gpus % per_engine):
+            violations.append((
+                "resources.rollout.gpus",
+                f"resources.rollout.gpus({gpus}) must be a positive multiple of rollout.gpusPerEngine({per_engine}) "
+                "with separate placement: the rollout GPUs are split into whole engines",
+            ))
         if violations:
             raise cross_field_error(violations)
         return self
@@ -142,7 +168,16 @@ def batch_violations(rollout: RolloutSpec, training: TrainingSpec) -> list[tuple
 
 
 # DNS-1123 subdomain, as the API server requires of object names.
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# An RLJob's name becomes its RayJob's name plus `-<attempt>`; KubeRay needs DNS-1035 labels of
+# at most 47 characters there, which leaves 40 for the RLJob.
+NAME_MAX_LENGTH = 40
+_NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_NAME_RE = re.compile(_NAME_PATTERN)
+NAME_RULE = {
+    "rule": f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && self.metadata.name.matches('{_NAME_PATTERN}')",
+    "message": f"metadata.name must be at most {NAME_MAX_LENGTH} characters of lowercase letters, digits and '-', "
+    "starting with a letter and ending with a letter or digit (the RayJob is named <name>-<attempt>)",
+}
 
 
 class ObjectMeta(BaseModel):
@@ -150,7 +185,7 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
 
-    name: str = Field(description="Object name (DNS-1123 subdomain).")
+    name: str = Field(description=f"Object name: a DNS-1035 label of at most {NAME_MAX_LENGTH} characters.")
     namespace: Optional[str] = Field(default=None, description="Namespace; the current one when unset.")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
@@ -158,11 +193,8 @@ class ObjectMeta(BaseModel):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str) -> str:
-        if len(name) > 253 or not _NAME_RE.match(name):
-            raise ValueError(
-                f"{name!r} is not a valid object name: use lowercase letters, digits, '-' and '.', "
-                "starting and ending with a letter or digit, at most 253 characters"
-            )
+        if len(name) > NAME_MAX_LENGTH or not _NAME_RE.match(name):
+            raise ValueError(f"{name!r}: {NAME_RULE['message']}")
         return name
 
 

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from .base import CallablePath, ScalarMap, SpecModel, cel_rules, cross_field_error
+from .base import CallablePath, ScalarMap, SpecModel, cel_rules, cross_field_error, immutable_field
 
 
 class RolloutSpec(SpecModel):
@@ -32,11 +32,15 @@ class RolloutSpec(SpecModel):
 
     batch_size: int = Field(
         ge=1,
-        description="Prompts per rollout (groups kept after dynamic sampling). Required, >= 1. "
+        description="Prompts per rollout (groups kept after dynamic sampling). Required, >= 1; fixed after creation. "
         "batchSize x nSamplesPerPrompt = training.globalBatchSize x training.numStepsPerRollout.",
+        json_schema_extra=immutable_field("rollout.batchSize"),
     )
     n_samples_per_prompt: int = Field(
-        default=8, ge=1, description="Responses sampled per prompt (the group size for GRPO). Default 8, >= 1."
+        default=8,
+        ge=1,
+        description="Responses sampled per prompt (the group size for GRPO). Default 8, >= 1; fixed after creation.",
+        json_schema_extra=immutable_field("rollout.nSamplesPerPrompt"),
     )
     max_response_len: int = Field(
         default=1024, ge=1, description="Maximum generated tokens per response (all turns together for multi-turn). Default 1024, >= 1."

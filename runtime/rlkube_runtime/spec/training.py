@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from .base import SpecModel, section
+from .base import SpecModel, cel_rules, immutable_field, section
 
 
 class OptimizerSpec(SpecModel):
@@ -33,21 +33,36 @@ class OptimizerSpec(SpecModel):
 class TrainingSpec(SpecModel):
     """The outer loop: rollouts, optimizer steps per rollout, sync or async, and the optimizer."""
 
+    # Transition rules on an optional field do not fire when it is added or removed; this does.
+    model_config = cel_rules(
+        {
+            "rule": "has(self.globalBatchSize) == has(oldSelf.globalBatchSize)",
+            "message": "spec.training.globalBatchSize cannot be added or removed while the RLJob exists; "
+            "create a new RLJob to change it",
+            "fieldPath": ".globalBatchSize",
+        }
+    )
+
     num_rollout: int = Field(ge=1, description="Rollouts to run (generate -> train -> sync weights). Required, >= 1.")
     global_batch_size: Optional[int] = Field(
         default=None,
         ge=1,
-        description="Samples per optimizer step. Default: derived as rollout.batchSize x rollout.nSamplesPerPrompt / "
+        json_schema_extra=immutable_field("training.globalBatchSize"),
+        description="Samples per optimizer step; fixed after creation. Default: derived as rollout.batchSize x rollout.nSamplesPerPrompt / "
         "numStepsPerRollout (which must divide evenly). When set, rollout.batchSize x rollout.nSamplesPerPrompt "
         "must equal globalBatchSize x numStepsPerRollout.",
     )
     num_steps_per_rollout: int = Field(
-        default=1, ge=1, description="Optimizer steps taken on each rollout's samples. Default 1, >= 1."
+        default=1,
+        ge=1,
+        description="Optimizer steps taken on each rollout's samples. Default 1, >= 1; fixed after creation.",
+        json_schema_extra=immutable_field("training.numStepsPerRollout"),
     )
     mode: Literal["sync", "async"] = Field(
         default="sync",
+        json_schema_extra=immutable_field("training.mode"),
         description="sync: generate then train, in turn. async: generate rollout k+1 while training on rollout k "
-        "(needs separate placement). Default sync.",
+        "(needs separate placement). Default sync; fixed after creation.",
     )
     async_buffer_size: int = Field(
         default=1, ge=1, description="Rollouts async mode may generate ahead of training. Default 1, >= 1."

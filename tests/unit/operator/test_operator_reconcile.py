@@ -255,7 +255,8 @@ def test_an_invalid_spec_fails_at_once_naming_the_field(settings):
 
 
 def test_a_spec_that_cannot_become_pods_fails_naming_the_field(settings):
-    body = make_body({"resources": {"placement": "separate", "rollout": {"gpus": 3}}, "rollout": {"gpusPerEngine": 2}})
+    # Engines wider than a pod: valid as a spec, but KubeRay pods cannot hold them.
+    body = make_body({"resources": {"placement": "separate", "rollout": {"gpus": 32}}, "rollout": {"gpusPerEngine": 16}})
     plan = reconcile(observed(body, configmap=None, children=False), settings)
     assert plan.status["phase"] == "Failed"
     assert plan.permanent_error.startswith("spec.rollout.gpusPerEngine: ")

@@ -228,8 +228,6 @@ def test_rollout_pods_hold_whole_engines(gpus, per_engine, expected):
 @pytest.mark.parametrize(
     ("spec", "field", "needle"),
     [
-        ({"rollout": {"gpusPerEngine": 3}, "resources": {"placement": "separate", "rollout": {"gpus": 8}}},
-         "spec.rollout.gpusPerEngine", "rollout.gpus(8)"),
         ({"rollout": {"gpusPerEngine": 16}, "resources": {"placement": "separate", "rollout": {"gpus": 32}}},
          "spec.rollout.gpusPerEngine", "16 GPUs span several pods"),
         ({"rollout": {"gpusPerEngine": 4}, "resources": {"placement": "colocated", "trainer": {"gpusPerNode": 2}}},

@@ -17,7 +17,7 @@ from pydantic_core import PydanticUndefined
 from rlkube_runtime.spec import RLJobSpec, RLJobStatus
 from rlkube_runtime.spec.crd import CRD_FILE, REGENERATE_COMMAND, crd_manifest, render_crd_yaml
 from rlkube_runtime.spec.load import SpecError, _unwrap, load_rljobs, parse_rljob
-from rlkube_runtime.spec.rljob import ASYNC_PLACEMENT_RULE, BATCH_DIVISIBLE_RULE, BATCH_EQUATION_RULE
+from rlkube_runtime.spec.rljob import ASYNC_PLACEMENT_RULE, BATCH_DIVISIBLE_RULE, BATCH_EQUATION_RULE, ENGINE_GPUS_RULE
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -105,7 +105,7 @@ def _rules_at(dotted: str) -> list[dict[str, str]]:
 
 
 def test_crd_carries_every_cross_field_rule():
-    assert _rules_at("spec") == [BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE]
+    assert _rules_at("spec") == [BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE]
     assert BATCH_EQUATION_RULE["rule"].startswith("!has(self.training.globalBatchSize) || ")
     assert "messageExpression" in BATCH_EQUATION_RULE
     rules = {where: " ".join(r["rule"] for r in _rules_at(where)) for where in
@@ -209,6 +209,8 @@ def _cel_failures(schema: dict[str, Any], value: Any, path: str) -> list[tuple[s
     failures = []
     if isinstance(value, dict):
         for rule in schema.get("x-kubernetes-validations", []):
+            if "oldSelf" in rule["rule"]:
+                continue  # transition rules only run on updates (tests/integration/test_operator.py)
             if not bool(_cel(rule["rule"], value)):
                 message = str(_cel(rule["messageExpression"], value)) if "messageExpression" in rule else rule["message"]
                 failures.append((path + rule.get("fieldPath", ""), message))
@@ -236,7 +238,31 @@ CROSS_FIELD_CASES = [
     ({"reward": {"type": "custom"}}, "spec.reward.customPath", True),
     ({"reward": {"type": "remote"}}, "spec.reward.url", True),
     ({"model": {"dtype": "float32"}}, "spec.model", True),
+    ({"resources": {"placement": "separate", "rollout": {"gpus": 6}}, "rollout": {"batchSize": 16, "gpusPerEngine": 4}},
+     "spec.resources.rollout.gpus", True),
 ]
+
+
+FIXED_AFTER_CREATION = [
+    "spec.model", "spec.data", "spec.parallelism", "spec.resources.placement", "spec.rollout.batchSize",
+    "spec.rollout.nSamplesPerPrompt", "spec.training.globalBatchSize", "spec.training.numStepsPerRollout",
+    "spec.training.mode",
+]
+
+
+@pytest.mark.parametrize("path", FIXED_AFTER_CREATION)
+def test_fields_a_running_job_depends_on_cannot_change(path):
+    rules = _rules_at(path)
+    assert {"rule": "self == oldSelf", "message": f"{path} cannot change while the RLJob exists: its checkpoints "
+            "depend on it; create a new RLJob to change it"} in rules
+
+
+def test_an_optional_fixed_field_cannot_be_added_or_removed_either():
+    assert any(r["rule"] == "has(self.globalBatchSize) == has(oldSelf.globalBatchSize)" for r in _rules_at("spec.training"))
+
+
+def test_names_are_short_dns_labels_so_the_rayjob_name_fits():
+    assert any("self.metadata.name.size() <= 40" in r["rule"] for r in _root().get("x-kubernetes-validations", []))
 
 
 @pytest.mark.parametrize(("changes", "path", "same_message"), CROSS_FIELD_CASES, ids=[c[1] for c in CROSS_FIELD_CASES])

@@ -82,7 +82,7 @@ BROKEN = [
     ),
     ("missing-required", {"spec.training.numRollout": None}, "spec.training.numRollout", "required field is missing"),
     ("missing-name", {"metadata.name": None}, "metadata.name", "required field is missing"),
-    ("invalid-name", {"metadata.name": "Local_Tiny"}, "metadata.name", "is not a valid object name"),
+    ("invalid-name", {"metadata.name": "Local_Tiny"}, "metadata.name", "metadata.name must be at most 40 characters"),
     ("section-not-a-mapping", {"spec.resources.trainer": [1]}, "spec.resources.trainer", "must be a mapping, got a list"),
     ("free-args-nested", {"spec.rollout.sglangArgs": {"x": {"y": 1}}}, "spec.rollout.sglangArgs.x", "must be a string, number or boolean"),
 ]
