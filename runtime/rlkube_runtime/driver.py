@@ -217,6 +217,7 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
             restarts = ray.get(rollout.take_engine_restarts.remote())
             if restarts:
                 logger.prometheus.count_engine_restarts(restarts)
+            metrics["rollout/engine_restarts"] = float(restarts)
             metrics["perf/step_time"] = time.monotonic() - step_start
             metrics["progress/rollout"] = rollout_id
             metrics["progress/num_rollout"] = num_rollout

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,6 +36,9 @@ class EngineHTTPError(RuntimeError):
         self.url = url
 
 
+log = logging.getLogger(__name__)
+
+
 def _retryable(error: BaseException) -> bool:
     if isinstance(error, EngineHTTPError):
         return error.status >= 500
@@ -51,12 +55,14 @@ class _HTTP:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
-    async def request(self, method: str, path: str, body: Any = None, *, base_url: str | None = None) -> Any:
+    async def request(
+        self, method: str, path: str, body: Any = None, *, base_url: str | None = None, max_attempts: int | None = None
+    ) -> Any:
         """JSON (or text) of a successful answer, after retries; raises EngineHTTPError otherwise."""
         url = (base_url or self.base_url).rstrip("/") + path
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
-            stop=stop_after_attempt(self._max_attempts),
+            stop=stop_after_attempt(max_attempts or self._max_attempts),
             wait=wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2),
             reraise=True,
         ):
@@ -146,7 +152,17 @@ class RolloutClient:
         """
         body = {"abort_all": True} if rid_prefix is None else {"rid": rid_prefix}
         urls = await self.worker_urls()
-        answers = await asyncio.gather(*(self._http.request("POST", "/abort_request", body, base_url=u) for u in urls))
+        answers = await asyncio.gather(
+            *(self._http.request("POST", "/abort_request", body, base_url=u, max_attempts=3) for u in urls),
+            return_exceptions=True,
+        )
+        for url, answer in zip(urls, answers):
+            if isinstance(answer, BaseException):
+                if not _retryable(answer):
+                    raise answer
+                # An engine that cannot be reached runs nothing that needs aborting; the health
+                # check replaces it.
+                log.warning("abort_request to %s failed: %s", url, answer)
         return sum(int(a.get("num_aborted", 0)) for a in answers if isinstance(a, dict))
 
     async def close(self) -> None:

@@ -130,7 +130,9 @@ class RolloutManager:
             router_args=dict(spec.rollout.router_args),
         )
         await asyncio.to_thread(self._router.start)
-        self._client = RolloutClient(self._router.url)
+        # Requests that hit a dying engine are retried through the router until its replacement
+        # is registered (a restart takes seconds to a minute), as slime retries up to 60 times.
+        self._client = RolloutClient(self._router.url, max_attempts=60)
         if spec.reward.url:
             from rlkube_runtime.rewards.remote import RemoteRewardClient
 
@@ -223,7 +225,17 @@ class RolloutManager:
         self._raise_if_failed()
         async with self._lock:
             self._latest_weights = (weights, path, version)
-            await asyncio.gather(*(self._push_weights(url, weights, path, version) for url in self._urls))
+            results = await asyncio.gather(
+                *(self._push_weights(url, weights, path, version) for url in self._urls), return_exceptions=True
+            )
+            for j, result in enumerate(results):
+                if isinstance(result, BaseException):
+                    if not _engine_unreachable(result):
+                        raise result
+                    # The engine died since the last health check: replace it now; the
+                    # replacement gets these weights before it joins the router.
+                    log.warning("engine %s did not take weights version %s (%s); replacing it", self._urls[j], version, result)
+                    await self._replace_engine_locked(j)
 
     async def _push_weights(self, url: str, weights, path, version: str) -> None:
         from rlkube_runtime.rollout.client import EngineAdmin
@@ -298,31 +310,36 @@ class RolloutManager:
                     await admin.close()
                 if not healthy:
                     try:
-                        await self._replace_engine(j)
+                        await self._replace_engine(j, url)
                     except BaseException as err:
                         self._failure = err
                         return
             await asyncio.sleep(check.interval_seconds)
 
-    async def _replace_engine(self, j: int) -> None:
-        limit = self.spec.fault_tolerance.max_engine_restarts
-        if self._restarts_total >= limit:
-            raise EngineRestartLimitExceeded(
-                f"engine {j} failed again after {self._restarts_total} restarts "
-                f"(spec.faultTolerance.maxEngineRestarts = {limit})"
-            )
+    async def _replace_engine(self, j: int, failed_url: str) -> None:
         async with self._lock:
-            old = self._urls[j]
-            await asyncio.to_thread(self._router.remove_worker, old)
-            new = await self._engines[j].restart.remote()
-            if self._latest_weights is not None:
-                weights, path, version = self._latest_weights
-                await self._push_weights(new, weights, path, version)
-            self._urls[j] = new
-            await asyncio.to_thread(self._router.add_worker, new)
-            self._restarts_total += 1
-            self._restarts_unreported += 1
-            log.warning("engine %d replaced: %s -> %s", j, old, new)
+            if self._urls[j] != failed_url:
+                return  # a weight sync found it dead first and has replaced it already
+            await self._replace_engine_locked(j)
+
+    async def _replace_engine_locked(self, j: int) -> None:
+        limit = self.spec.fault_tolerance.max_engine_restarts
+        if not self.spec.fault_tolerance.enabled or self._restarts_total >= limit:
+            raise EngineRestartLimitExceeded(
+                f"engine {j} failed after {self._restarts_total} restarts "
+                f"(spec.faultTolerance.enabled = {self.spec.fault_tolerance.enabled}, maxEngineRestarts = {limit})"
+            )
+        old = self._urls[j]
+        await asyncio.to_thread(self._router.remove_worker, old)
+        new = await self._engines[j].restart.remote()
+        if self._latest_weights is not None:
+            weights, path, version = self._latest_weights
+            await self._push_weights(new, weights, path, version)
+        self._urls[j] = new
+        await asyncio.to_thread(self._router.add_worker, new)
+        self._restarts_total += 1
+        self._restarts_unreported += 1
+        log.warning("engine %d replaced: %s -> %s", j, old, new)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -358,6 +375,17 @@ class RolloutManager:
 
     async def _reward_group(self, group: list[Sample]) -> list[float]:
         return await compute_rewards(group, self.spec.reward, remote_client=self._reward_client)
+
+
+def _engine_unreachable(error: BaseException) -> bool:
+    """Connection failures and 5xx answers after the client's retries: the engine is gone."""
+    import aiohttp
+
+    from rlkube_runtime.rollout.client import EngineHTTPError
+
+    if isinstance(error, EngineHTTPError):
+        return error.status >= 500
+    return isinstance(error, (aiohttp.ClientConnectionError, asyncio.TimeoutError))
 
 
 def _value(field: Any) -> str:
