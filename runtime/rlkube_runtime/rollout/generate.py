@@ -42,6 +42,9 @@ class SamplingConfig:
             "top_k": self.top_k,
             "max_new_tokens": max_new_tokens,
             "skip_special_tokens": True,
+            # Keep a matched stop string in the text, as slime does: `output_ids` hold its tokens too,
+            # so text and tokens describe the same response.
+            "no_stop_trim": True,
         }
         if self.stop:
             params["stop"] = list(self.stop)
