@@ -103,7 +103,9 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
 
 
 def for_prometheus(expr: str, rate_interval: str = "1m") -> str:
-    """A dashboard query as Prometheus' API takes it: Grafana's variables filled in (every RLJob)."""
+    """A dashboard query as Prometheus' API takes it: Grafana's variables filled in (every RLJob), and
+    a variable's `label_values(series, label)` as the PromQL that has data when it has values."""
+    expr = re.sub(r"^label_values\((.+), *(\w+)\)$", r"count by (\2) (\1)", expr.strip())
     return expr.replace("$__rate_interval", rate_interval).replace("$rljob", ".+")
 
 

@@ -1,0 +1,326 @@
+"""The Helm chart charts/rlkube for real: installed with the pinned helm into the test control plane,
+its ServiceAccount's permissions asked of the API server, the operator run under that
+ServiceAccount, and the dashboards' queries run against a real Prometheus scraping a real
+`rlkube run` and a real `rlkube operator`.
+
+kwok runs no containers, so the chart's operator pod never really runs (the image is not even
+pulled): the operator runs as a local subprocess instead, authenticated with a token of the chart's
+ServiceAccount, which proves the chart's RBAC is enough for it to do its work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from harness import ControlPlane, ControlPlaneError
+from operator_fixtures import (
+    OperatorProcess,
+    apply_file,
+    get_or_none,
+    kubectl_json,
+    token_kubeconfig,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "rlkube"
+RELEASE, NAMESPACE, SA = "rlkube", "rlkube-system", "rlkube"
+SA_USER = f"system:serviceaccount:{NAMESPACE}:{SA}"
+PROMETHEUS = "/usr/bin/prometheus"
+
+# The unit test module holds the chart helpers (render, dashboard_queries, exported_series, ...).
+_spec = importlib.util.spec_from_file_location("chart_render", REPO / "tests" / "unit" / "test_chart_render.py")
+chart = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(chart)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Prometheus:
+    """The real Prometheus (Debian's /usr/bin/prometheus) scraping `targets` every second."""
+
+    def __init__(self, workdir: Path, targets: dict[str, str]):
+        if not os.access(PROMETHEUS, os.X_OK):
+            pytest.fail(f"{PROMETHEUS} is missing: run `{chart.BUILD_COMMAND}` (it installs Debian's prometheus)",
+                        pytrace=False)
+        self.workdir = workdir
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
+                               for job, target in targets.items()],
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = workdir / "prometheus.log"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        try:
+            wait_until(self._ready, 60, "Prometheus to be ready")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ready(self) -> bool:
+        assert self.process.poll() is None, f"prometheus exited:\n{self.log.read_text()[-3000:]}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def query_range(self, expr: str, start: float, end: float) -> list[dict]:
+        """Series the expression returns at any second in [start, end] (query_range, step 1 s):
+        also what a run that has ended already had, without staleness in the way."""
+        params = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"})
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v1/query_range?{params}", timeout=10) as resp:
+                body = json.load(resp)
+        except urllib.error.HTTPError as exc:  # 400: the expression does not parse
+            raise AssertionError(f"Prometheus refused {expr!r}: {exc.read().decode(errors='replace')}") from None
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def up(self, job: str) -> bool:
+        return bool(self.query_range(f'up{{job="{job}"}} == 1', time.time() - 5, time.time()))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def assert_every_query_returns_data(prom: Prometheus, queries, start: float, timeout: float, skip=()) -> None:
+    """Polls until each dashboard query has returned data at some point since `start`."""
+    pending = {(f, w, e) for f, w, e in queries if w not in skip}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for item in sorted(pending):
+            if prom.query_range(chart.for_prometheus(item[2]), start, time.time()):
+                pending.discard(item)
+        if pending:
+            time.sleep(1)
+    assert not pending, "dashboard queries without data:\n" + "\n".join(f"  {f} / {w}: {e}" for f, w, e in sorted(pending))
+
+
+# --- the chart in the control plane --------------------------------------------------------------------
+
+
+def can_i(cp: ControlPlane, *args: str) -> bool:
+    proc = cp.kubectl("auth", "can-i", f"--as={SA_USER}", *args, check=False)
+    assert proc.stdout.strip() in ("yes", "no"), proc.stdout + proc.stderr
+    return proc.stdout.strip() == "yes"
+
+
+def exists(cp: ControlPlane, *args: str) -> bool:
+    proc = cp.kubectl("get", *args, check=False)
+    if proc.returncode != 0 and "NotFound" not in proc.stderr and "not found" not in proc.stderr:
+        raise ControlPlaneError(proc.stderr)
+    return proc.returncode == 0
+
+
+NAMESPACED_OBJECTS = [("deployment", RELEASE), ("serviceaccount", SA), ("service", f"{RELEASE}-metrics"),
+                      ("configmap", f"{RELEASE}-dashboard-rlkube-training"),
+                      ("configmap", f"{RELEASE}-dashboard-rlkube-operator")]
+CLUSTER_OBJECTS = [("clusterrole", RELEASE), ("clusterrolebinding", RELEASE)]
+
+
+@pytest.fixture(scope="module")
+def release(control_plane: ControlPlane) -> ControlPlane:
+    cp = control_plane
+    cp.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace")
+    yield cp
+    cp.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", check=False)  # no-op after the last test
+
+
+@pytest.mark.controlplane
+@pytest.mark.slow
+def test_helm_install_creates_an_established_crd_the_operator_and_its_rbac(release):
+    cp = release
+
+    def established():
+        crd = kubectl_json(cp, "get", "crd", "rljobs.rlkube.io")
+        return any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"].get("conditions", []))
+
+    cp.wait_for(established, 60, "the RLJob CRD to be Established")
+    for kind, name in NAMESPACED_OBJECTS:
+        assert exists(cp, "-n", NAMESPACE, kind, name), f"{kind} {name} missing"
+    for kind, name in CLUSTER_OBJECTS:
+        assert exists(cp, kind, name), f"{kind} {name} missing"
+    deployment = kubectl_json(cp, "-n", NAMESPACE, "get", "deployment", RELEASE)
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == SA
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    status = json.loads(cp.helm("status", RELEASE, "-n", NAMESPACE, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+
+
+@pytest.mark.controlplane
+@pytest.mark.slow
+def test_the_operator_service_account_may_do_what_the_operator_needs_and_no_more(release):
+    cp = release
+    for args in (["create", "rayjobs.ray.io", "-n", "team-a"], ["delete", "rayjobs.ray.io", "-n", "team-a"],
+                 ["watch", "rljobs.rlkube.io", "--all-namespaces"], ["patch", "rljobs.rlkube.io", "--subresource=status", "-n", "x"],
+                 ["get", "rljobs.rlkube.io", "--subresource=status", "-n", "x"],
+                 ["create", "roles.rbac.authorization.k8s.io", "-n", "x"], ["create", "rolebindings.rbac.authorization.k8s.io", "-n", "x"],
+                 ["create", "configmaps", "-n", "x"], ["create", "serviceaccounts", "-n", "x"], ["list", "pods", "-n", "x"],
+                 ["create", "events", "-n", "x"], ["watch", "customresourcedefinitions"], ["list", "namespaces"]):
+        assert can_i(cp, *args), f"the operator's ServiceAccount may not {' '.join(args)}"
+    for args in (["get", "secrets", "-n", "x"], ["list", "secrets", "--all-namespaces"], ["delete", "nodes"],
+                 ["create", "pods", "-n", "x"], ["delete", "pods", "-n", "x"], ["create", "rljobs.rlkube.io", "-n", "x"],
+                 ["update", "rljobs.rlkube.io", "-n", "x"], ["delete", "configmaps", "-n", "x"],
+                 ["escalate", "roles.rbac.authorization.k8s.io", "-n", "x"], ["bind", "roles.rbac.authorization.k8s.io", "-n", "x"],
+                 ["create", "clusterroles"], ["create", "clusterrolebindings"], ["patch", "roles.rbac.authorization.k8s.io", "-n", "x"],
+                 ["create", "customresourcedefinitions"], ["create", "serviceaccounts", "--subresource=token", "-n", "x"],
+                 ["create", "pods", "--subresource=exec", "-n", "x"], ["list", "clusterkopfpeerings.kopf.dev"]):
+        assert not can_i(cp, *args), f"the operator's ServiceAccount may {' '.join(args)}, which it does not need"
+
+
+def small_rljob(name: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "rlkube.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name},
+        "spec": {
+            "model": {"preset": "tiny"}, "data": {"promptData": "builtin:digit-successor"},
+            "rollout": {"batchSize": 4, "nSamplesPerPrompt": 2, "gpusPerEngine": 2},
+            "reward": {"type": "exact"}, "training": {"numRollout": 3},
+            "resources": {"placement": "colocated", "trainer": {"nodes": 1, "gpusPerNode": 2}},
+        },
+    })
+
+
+@pytest.mark.controlplane
+@pytest.mark.slow
+def test_the_operator_runs_under_the_chart_service_account_and_its_panels_get_data(release, tmp_path):
+    """`rlkube operator --standalone` with a token of the chart's ServiceAccount reconciles an RLJob
+    (creating the RayJob, ConfigMap, ServiceAccount, Role and RoleBinding: the Role's grant needs no
+    `escalate` because the ServiceAccount holds get/patch on rljobs/status), and Prometheus scraping
+    its /metrics answers every operator dashboard query."""
+    cp = release
+    ns = "rlkube-chart-op"
+    cp.create_namespace(ns)
+    kubeconfig = token_kubeconfig(cp, NAMESPACE, SA, tmp_path / "sa.kubeconfig")
+    operator = OperatorProcess(cp, tmp_path / "operator.log", env={"KUBECONFIG": str(kubeconfig),
+                                                                      "RLKUBE_RESYNC_SECONDS": "2"})
+    prom = None
+    try:
+        operator.start()
+        prom = Prometheus(tmp_path, {"rlkube-operator": f"127.0.0.1:{operator.metrics_port}"})
+        start = time.time() - 5
+        assert apply_file(cp, tmp_path / "job.yaml", small_rljob("chart"), ns).returncode == 0
+
+        def started():
+            job = get_or_none(cp, ns, "rljob", "chart")
+            return job is not None and (job.get("status") or {}).get("phase") in ("Starting", "Running")
+
+        cp.wait_for(started, 90, "the RLJob to reach phase Starting under the chart's ServiceAccount")
+        for kind, name in (("rayjob", "chart-0"), ("configmap", "chart-spec"), ("serviceaccount", "chart-runtime"),
+                           ("role", "chart-runtime"), ("rolebinding", "chart-runtime")):
+            assert get_or_none(cp, ns, kind, name) is not None, f"{kind} {name} was not created"
+        assert "Forbidden" not in operator.log_text(), operator.log_tail()
+        operator_queries = [q for q in chart.dashboard_queries() if q[0] == "rlkube-operator.json"]
+        # rlkube_operator_reconcile_errors_total{kind} has no series before the first failed
+        # reconcile (a labelled counter starts empty), and this run has none: the family is served.
+        errors_panel = "Reconcile errors/s"
+        assert "# TYPE rlkube_operator_reconcile_errors_total counter" in operator.metrics()
+        assert_every_query_returns_data(prom, operator_queries, start, timeout=90, skip=(errors_panel,))
+    finally:
+        if prom is not None:
+            prom.stop()
+        code = operator.stop()
+        cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    assert code in (0, None), f"operator exited with {code}:\n{operator.log_tail()}"
+    assert "Traceback" not in operator.log_text(), operator.log_text()[-6000:]
+
+
+@pytest.mark.controlplane
+@pytest.mark.slow
+def test_helm_uninstall_removes_what_it_installed_but_keeps_the_crd(release):
+    """Helm never deletes what a chart's crds/ installed (so RLJobs survive an uninstall)."""
+    cp = release
+    cp.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+    cp.wait_for(lambda: not any(exists(cp, "-n", NAMESPACE, k, n) for k, n in NAMESPACED_OBJECTS)
+                and not any(exists(cp, k, n) for k, n in CLUSTER_OBJECTS), 60, "the release's objects to go")
+    assert not can_i(cp, "create", "rayjobs.ray.io", "-n", "team-a")
+    assert exists(cp, "crd", "rljobs.rlkube.io")
+
+
+# --- a real scrape of a real training run ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_every_training_panel_returns_data_from_a_real_run(tmp_path):
+    """`rlkube run` of local-tiny (15 rollouts, KL loss on so rlkube_kl moves, a checkpoint every 3
+    rollouts) serving /metrics, scraped every second by the real Prometheus; every query of the
+    training dashboard returns data once the run has logged several rollouts."""
+    spec = yaml.safe_load((REPO / "manifests" / "examples" / "local-tiny.yaml").read_text())
+    spec["spec"]["training"]["numRollout"] = 15
+    spec["spec"]["checkpoint"]["interval"] = 3
+    spec["spec"]["algorithm"].update(useKlLoss=True, klLossCoef=0.001)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    port = free_port()
+    prom = Prometheus(tmp_path, {"rlkube-run": f"127.0.0.1:{port}"})  # stops itself if it fails to start
+    start = time.time()
+    run = None
+
+    def run_log() -> str:
+        return (tmp_path / "run.log").read_text(errors="replace")[-4000:]
+
+    def rollouts_logged() -> int:
+        assert run.poll() in (None, 0), f"rlkube run exited with {run.returncode}:\n{run_log()}"
+        path = out / "metrics.jsonl"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    try:
+        with open(tmp_path / "run.log", "wb") as log:  # the child keeps its own copy of the descriptor
+            run = subprocess.Popen(
+                [sys.executable, "-m", "rlkube_runtime.cli", "run", str(tmp_path / "job.yaml"), "--output-dir", str(out)],
+                cwd=tmp_path, env={**os.environ, "RLKUBE_METRICS_PORT": str(port), "PYTHONUNBUFFERED": "1"},
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        wait_until(lambda: rollouts_logged() >= 7, 180, "rlkube run to log 7 rollouts")
+        training_queries = [q for q in chart.dashboard_queries() if q[0] == "rlkube-training.json"]
+        assert_every_query_returns_data(prom, training_queries, start, timeout=30)
+        assert run.wait(timeout=180) == 0, run_log()
+    finally:
+        if run is not None and run.poll() is None:  # Ray's local processes share the run's session
+            os.killpg(run.pid, signal.SIGTERM)
+            try:
+                run.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait(timeout=10)
+        prom.stop()
