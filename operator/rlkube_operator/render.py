@@ -65,6 +65,10 @@ RAY_PORTS = [
     {"name": "client", "containerPort": 10001},
     {"name": "metrics", "containerPort": 8080},
 ]
+# The driver (the RayJob's entrypoint, on the head) serves the rlkube_* training series here; the
+# chart's PodMonitor scrapes this port by name.
+RUNTIME_METRICS_PORT = 9464
+RUNTIME_METRICS_PORT_NAME = "rlkube-metrics"
 
 
 class RenderError(ValueError):
@@ -374,7 +378,11 @@ def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, settings: OperatorSe
         ref, spec, attempt, name="ray-head", image=trainer.image or settings.trainer_image,
         resources=copy.deepcopy(HEAD_RESOURCES), role="head",
     )
-    container["ports"] = copy.deepcopy(RAY_PORTS)
+    container["ports"] = copy.deepcopy(RAY_PORTS) + [
+        {"name": RUNTIME_METRICS_PORT_NAME, "containerPort": RUNTIME_METRICS_PORT}
+    ]
+    if not any(e.get("name") == "RLKUBE_METRICS_PORT" for e in container["env"]):
+        container["env"].append({"name": "RLKUBE_METRICS_PORT", "value": str(RUNTIME_METRICS_PORT)})
     # The head runs no GPU work; it takes the trainer's tolerations so it can share tainted GPU
     # nodes when those are all there is, but not its nodeSelector (it needs no GPU node).
     pod = _pod_spec(ref, spec, container, node_selector={}, tolerations=trainer.tolerations)

@@ -260,3 +260,12 @@ def test_longest_allowed_name_with_a_large_attempt_fits_kuberays_limit():
     name = "a" * render.MAX_RLJOB_NAME_LENGTH
     render.check_name(name)
     assert len(render.rayjob_name(name, 999_999)) <= render.MAX_RAYJOB_NAME_LENGTH
+
+
+def test_the_head_serves_the_training_metrics_on_a_named_port():
+    head = _render({})[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "rlkube-metrics", "containerPort": 9464} in head["ports"]
+    assert {"name": "RLKUBE_METRICS_PORT", "value": "9464"} in head["env"]
+    chosen = _render({"resources": {"env": [{"name": "RLKUBE_METRICS_PORT", "value": "9000"}]}})
+    env = chosen[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in env if e["name"] == "RLKUBE_METRICS_PORT"] == ["9000"]
