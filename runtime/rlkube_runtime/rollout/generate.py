@@ -65,6 +65,9 @@ class GenerateContext:
     # Request ids start with f"{request_prefix}{rollout_id}-": training and eval requests never
     # share an id, and `/abort_request` by prefix reaches exactly one rollout's requests.
     request_prefix: str = "r"
+    # Set when the rollout has what it needs and aborts the rest: a multi-turn generate function
+    # checks it between turns, since a request it sends after the abort would not be aborted.
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -177,6 +180,7 @@ async def generate_rollout(
         if len(kept) < num_groups:
             top_up()
 
+    ctx.aborted.set()
     leftovers = await _drain(in_flight, abort_in_flight)
     # Groups beyond the batch size and groups cut short are handed back, not dropped.
     overflow = kept[num_groups:]

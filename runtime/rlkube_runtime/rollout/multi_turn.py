@@ -75,6 +75,11 @@ async def generate_with_tools(
         )
     state = _loop_state(sample)
     while state["turns"] < limit:
+        if ctx.aborted.is_set():
+            # The rollout is full and aborting: stop between turns; the sample goes back to the
+            # buffer with what it has (kept when partial rollout is on).
+            sample.status = SampleStatus.ABORTED
+            return sample
         budget = ctx.sampling.max_response_len - sample.response_length
         if budget <= 0:
             sample.status = SampleStatus.TRUNCATED

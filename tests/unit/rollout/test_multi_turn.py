@@ -304,3 +304,18 @@ async def test_generate_with_calculator_stops_turns_at_the_call_and_keeps_the_st
     assert len(spy.requests) == 1 and result.loss_mask == [1] * result.response_length
     assert result.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
     result.check_lengths()
+
+
+async def test_a_rollout_that_is_aborting_stops_the_loop_between_turns(engine, model_dir):
+    from rlkube_runtime.data.sample import Sample, SampleStatus
+    from rlkube_runtime.rollout.generate import GenerateContext, SamplingConfig
+    from rlkube_runtime.rollout.multi_turn import generate_with_tools
+
+    ctx = GenerateContext(
+        generate=engine.generate, sampling=SamplingConfig(max_response_len=8), tokenizer=engine.tokenizer,
+        max_turns=4, rollout_id=0,
+    )
+    ctx.aborted.set()
+    sample = Sample(group_index=0, index=0, prompt="1+1=", tokens=engine.tokenizer("1+1=", add_special_tokens=False)["input_ids"])
+    out = await generate_with_tools(ctx, sample, tools={}, parse_call=lambda text: None, format_result=str)
+    assert out.status == SampleStatus.ABORTED and out.response_length == 0
