@@ -250,13 +250,13 @@ def _sync_weights(spec, trainers, rollout, plan: RunPlan, *, version: int) -> fl
 
     started = time.monotonic()
     if str(getattr(spec.rollout.engine, "value", spec.rollout.engine)) == "builtin":
-        weights = trainers[0].export_weights.remote()
-        ray.get(rollout.update_weights.remote(weights=weights, path=None, version=str(version)))
+        encoded = trainers[0].export_encoded_weights.remote()
+        ray.get(rollout.update_weights.remote(encoded_tensors=encoded, path=None, version=str(version)))
     else:
         # SGLang servers load HF directories from the shared checkpoint volume.
         target = plan.output_dir / "weights" / f"v{version:08d}"
         path = ray.get(trainers[0].save_hf.remote(str(target)))
-        ray.get(rollout.update_weights.remote(weights=None, path=path, version=str(version)))
+        ray.get(rollout.update_weights.remote(encoded_tensors=None, path=path, version=str(version)))
     return time.monotonic() - started
 
 

@@ -122,6 +122,13 @@ class TrainerWorker:
     def export_weights(self) -> dict[str, torch.Tensor]:
         return self.backend.export_weights()
 
+    def export_encoded_weights(self) -> str:
+        """The weights in the built-in engine's `rlkube_safetensors` format, encoded once here for
+        every engine. Ray also moves one string in about half the time of a dict of tensors."""
+        from rlkube_runtime.engine.weights import encode_named_tensors
+
+        return encode_named_tensors(self.backend.export_weights())
+
     def save_hf(self, directory: str) -> str:
         return str(self.backend.save_hf(directory))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     logging.getLogger("aiohttp.server").addFilter(_RouterProbeFilter())
     engine = Engine.load(config)
+    # What is loaded by now (torch, transformers, the model: ~400k objects) lives as long as the
+    # process. Keep it out of the cyclic GC: a full pass over it took 0.2-0.3 s on CPU, paid by
+    # every /flush_cache (so by every weight sync), and ~2 s at exit (so at every engine stop).
+    gc.freeze()
     # A short shutdown grace: the router holds keep-alive connections open, and a stopping engine
     # has already answered or aborted every request.
     web.run_app(

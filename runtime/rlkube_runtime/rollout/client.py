@@ -224,6 +224,13 @@ class EngineAdmin:
         from rlkube_runtime.engine.weights import encode_named_tensors
 
         payload = await asyncio.to_thread(encode_named_tensors, dict(tensors))
+        return await self.update_weights_from_encoded(payload, version=version, flush_cache=flush_cache)
+
+    async def update_weights_from_encoded(
+        self, payload: str, *, version: str | None = None, flush_cache: bool = True
+    ) -> dict[str, Any]:
+        """`update_weights_from_tensors` with the tensors already encoded by
+        `rlkube_runtime.engine.weights.encode_named_tensors`: encode once, push to every engine."""
         body = {"serialized_named_tensors": [payload], "load_format": "rlkube_safetensors", "flush_cache": flush_cache,
                 "weight_version": version}
         return await self._http.request("POST", "/update_weights_from_tensor", body)

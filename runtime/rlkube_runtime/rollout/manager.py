@@ -58,7 +58,8 @@ class RolloutManager:
         self._router = None
         self._client = None
         self._data_states: dict[int, dict[str, Any]] = {}
-        self._latest_weights: tuple[Any, str | None, str] | None = None  # (tensors, path, version)
+        self._admins: dict[str, Any] = {}  # engine URL -> its EngineAdmin, kept for the run
+        self._latest_weights: tuple[str | None, str | None, str] | None = None  # (encoded tensors, path, version)
         self._restarts_total = 0
         self._restarts_unreported = 0
         self._health_task: asyncio.Task | None = None
@@ -69,15 +70,18 @@ class RolloutManager:
     # -- life cycle -----------------------------------------------------------------------
 
     async def start(self) -> dict[str, Any]:
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        spec = self.spec
+        # An engine takes the longest to start (its process imports torch and transformers and
+        # loads the model): launch the engines first and get everything else ready meanwhile.
+        self._engines = self._create_engines()
+        engine_urls = asyncio.gather(*(engine.start.remote() for engine in self._engines))
+
         from transformers import AutoTokenizer
 
         import rlkube_runtime.tiny.task  # noqa: F401  (registers the builtin: prompt sets)
         from rlkube_runtime.rollout.client import RolloutClient
         from rlkube_runtime.rollout.launch import RouterProcess
 
-        spec = self.spec
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.source = PromptSource.from_spec(
             spec.data, n_samples_per_prompt=spec.rollout.n_samples_per_prompt, tokenizer=self.tokenizer
@@ -100,29 +104,7 @@ class RolloutManager:
             else None
         )
 
-        actor_cls = ray.remote(EngineActor)
-        for j, bundle in enumerate(self._engine_bundles):
-            options: dict[str, Any] = {
-                "num_cpus": self._engine_resources.get("CPU", 0),
-                "num_gpus": self._engine_resources.get("GPU", 0),
-            }
-            if self._placement_group is not None and bundle is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=self._placement_group, placement_group_bundle_index=bundle
-                )
-            self._engines.append(
-                actor_cls.options(**options).remote(
-                    engine=_value(spec.rollout.engine),
-                    model_path=self.model_path,
-                    log_dir=self.log_dir,
-                    name=f"engine-{j}",
-                    seed=spec.training.seed + j,
-                    device=self._device,
-                    gpus_per_engine=spec.rollout.gpus_per_engine,
-                    sglang_args=dict(spec.rollout.sglang_args),
-                )
-            )
-        self._urls = list(await asyncio.gather(*(e.start.remote() for e in self._engines)))
+        self._urls = list(await engine_urls)
         self._router = RouterProcess(
             worker_urls=self._urls,
             log_dir=self.log_dir,
@@ -147,13 +129,45 @@ class RolloutManager:
     async def shutdown(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
-        if self._client is not None:
-            await self._client.close()
-        if self._reward_client is not None:
-            await self._reward_client.close()
+        for client in (self._client, self._reward_client, *self._admins.values()):
+            if client is not None:
+                await client.close()
+        # The engines and the router stop independently: at the same time.
+        engines_stopped = asyncio.gather(*(e.stop.remote() for e in self._engines), return_exceptions=True)
         if self._router is not None:
             await asyncio.to_thread(self._router.stop)
-        await asyncio.gather(*(e.stop.remote() for e in self._engines), return_exceptions=True)
+        await engines_stopped
+
+    def _create_engines(self) -> list[Any]:
+        """One EngineActor per engine bundle (not started yet)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        spec = self.spec
+        actor_cls = ray.remote(EngineActor)
+        engines = []
+        for j, bundle in enumerate(self._engine_bundles):
+            options: dict[str, Any] = {
+                "num_cpus": self._engine_resources.get("CPU", 0),
+                "num_gpus": self._engine_resources.get("GPU", 0),
+            }
+            if self._placement_group is not None and bundle is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=self._placement_group, placement_group_bundle_index=bundle
+                )
+            engines.append(
+                actor_cls.options(**options).remote(
+                    engine=_value(spec.rollout.engine),
+                    model_path=self.model_path,
+                    log_dir=self.log_dir,
+                    name=f"engine-{j}",
+                    seed=spec.training.seed + j,
+                    device=self._device,
+                    gpus_per_engine=spec.rollout.gpus_per_engine,
+                    sglang_args=dict(spec.rollout.sglang_args),
+                )
+            )
+        return engines
 
     # -- one rollout ----------------------------------------------------------------------
 
@@ -220,13 +234,15 @@ class RolloutManager:
 
     # -- weights --------------------------------------------------------------------------
 
-    async def update_weights(self, *, weights: dict[str, Any] | None, path: str | None, version: str) -> None:
-        """Pause, flush, load (tensors or an HF directory), resume, on every engine at once."""
+    async def update_weights(self, *, encoded_tensors: str | None, path: str | None, version: str) -> None:
+        """Pause, flush, load (tensors encoded by `engine.weights.encode_named_tensors`, or an HF
+        directory), resume, on every engine at once."""
         self._raise_if_failed()
         async with self._lock:
-            self._latest_weights = (weights, path, version)
+            self._latest_weights = (encoded_tensors, path, version)
             results = await asyncio.gather(
-                *(self._push_weights(url, weights, path, version) for url in self._urls), return_exceptions=True
+                *(self._push_weights(url, encoded_tensors, path, version) for url in self._urls),
+                return_exceptions=True,
             )
             for j, result in enumerate(results):
                 if isinstance(result, BaseException):
@@ -237,43 +253,35 @@ class RolloutManager:
                     log.warning("engine %s did not take weights version %s (%s); replacing it", self._urls[j], version, result)
                     await self._replace_engine_locked(j)
 
-    async def _push_weights(self, url: str, weights, path, version: str) -> None:
-        from rlkube_runtime.rollout.client import EngineAdmin
-
-        admin = EngineAdmin(url)
-        try:
-            await admin.pause_generation()
-            await admin.flush_cache()
-            if weights is not None:
-                await admin.update_weights_from_tensors(weights, version=version)
-            else:
-                await admin.update_weights_from_disk(path, version=version)
-            await admin.continue_generation()
-            got = await admin.get_weight_version()
-            if got != version:
-                raise RuntimeError(f"engine {url} reports weight version {got!r} after loading {version!r}")
-        finally:
-            await admin.close()
+    async def _push_weights(self, url: str, payload: str | None, path: str | None, version: str) -> None:
+        admin = self._admin(url)
+        await admin.pause_generation()
+        await admin.flush_cache()
+        if payload is not None:
+            await admin.update_weights_from_encoded(payload, version=version)
+        else:
+            await admin.update_weights_from_disk(path, version=version)
+        await admin.continue_generation()
+        got = await admin.get_weight_version()
+        if got != version:
+            raise RuntimeError(f"engine {url} reports weight version {got!r} after loading {version!r}")
 
     async def release_memory(self) -> None:
-        from rlkube_runtime.rollout.client import EngineAdmin
-
         for url in self._urls:
-            admin = EngineAdmin(url)
-            try:
-                await admin.release_memory_occupation()
-            finally:
-                await admin.close()
+            await self._admin(url).release_memory_occupation()
 
     async def resume_memory(self) -> None:
+        for url in self._urls:
+            await self._admin(url).resume_memory_occupation()
+
+    def _admin(self, url: str):
+        """The engine's control client: one per engine for the run, so one connection pool and
+        not a new session and connection for every call."""
         from rlkube_runtime.rollout.client import EngineAdmin
 
-        for url in self._urls:
-            admin = EngineAdmin(url)
-            try:
-                await admin.resume_memory_occupation()
-            finally:
-                await admin.close()
+        if url not in self._admins:
+            self._admins[url] = EngineAdmin(url)
+        return self._admins[url]
 
     # -- data position --------------------------------------------------------------------
 
@@ -331,10 +339,12 @@ class RolloutManager:
             )
         old = self._urls[j]
         await asyncio.to_thread(self._router.remove_worker, old)
+        if old in self._admins:
+            await self._admins.pop(old).close()
         new = await self._engines[j].restart.remote()
         if self._latest_weights is not None:
-            weights, path, version = self._latest_weights
-            await self._push_weights(new, weights, path, version)
+            payload, path, version = self._latest_weights
+            await self._push_weights(new, payload, path, version)
         self._urls[j] = new
         await asyncio.to_thread(self._router.add_worker, new)
         self._restarts_total += 1
