@@ -42,6 +42,10 @@ class RunPlan:
 def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = True) -> int:
     """The CLI entry: exit 0 on success; a spec or data problem prints one clear error, exit 2."""
     logging.basicConfig(level=os.environ.get("RLKUBE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    # This process and the actors (they inherit the environment) print one progress line per
+    # rollout instead of model-loading bars.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         plan = prepare_run(path, output_dir=output_dir)
     except (SpecError, RunError) as err:
@@ -276,9 +280,6 @@ def _init_ray() -> str:
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # Actors inherit these: one progress line per rollout instead of download/loading bars.
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return "cluster"
