@@ -256,6 +256,19 @@ def worker_groups(spec: RLJobSpec, settings: OperatorSettings) -> list[WorkerGro
     gpe = spec.rollout.gpus_per_engine
     trainer_image = trainer.image or settings.trainer_image
     trainer_units = max(trainer.gpus_per_node, 1)
+
+    def trainer_group(ray_resources: dict[str, int]) -> WorkerGroup:
+        return WorkerGroup(
+            name="trainer",
+            replicas=trainer.nodes,
+            gpus_per_pod=trainer.gpus_per_node,
+            image=trainer_image,
+            ray_resources=ray_resources,
+            resources=trainer.resources,
+            node_selector=trainer.node_selector,
+            tolerations=trainer.tolerations,
+        )
+
     if res.placement == "colocated":
         total = trainer.nodes * trainer.gpus_per_node
         if trainer.gpus_per_node and trainer.gpus_per_node % gpe:
@@ -264,31 +277,12 @@ def worker_groups(spec: RLJobSpec, settings: OperatorSettings) -> list[WorkerGro
                 f"colocated engines share the trainer's GPUs, so gpusPerEngine({gpe}) must divide "
                 f"resources.trainer.gpusPerNode({trainer.gpus_per_node}); {total} GPUs in all",
             )
-        return [
-            WorkerGroup(
-                name="trainer",
-                replicas=trainer.nodes,
-                gpus_per_pod=trainer.gpus_per_node,
-                image=trainer_image,
-                ray_resources={TRAINER_RESOURCE: trainer_units, ROLLOUT_RESOURCE: trainer_units, ROUTER_RESOURCE: 1},
-                resources=trainer.resources,
-                node_selector=trainer.node_selector,
-                tolerations=trainer.tolerations,
-            )
-        ]
+        # One group carries trainer ranks, engines and the router alike.
+        return [trainer_group({TRAINER_RESOURCE: trainer_units, ROLLOUT_RESOURCE: trainer_units, ROUTER_RESOURCE: 1})]
     rollout = res.rollout
     replicas, per_pod = rollout_pods(rollout.gpus, gpe)
     return [
-        WorkerGroup(
-            name="trainer",
-            replicas=trainer.nodes,
-            gpus_per_pod=trainer.gpus_per_node,
-            image=trainer_image,
-            ray_resources={TRAINER_RESOURCE: trainer_units},
-            resources=trainer.resources,
-            node_selector=trainer.node_selector,
-            tolerations=trainer.tolerations,
-        ),
+        trainer_group({TRAINER_RESOURCE: trainer_units}),
         WorkerGroup(
             name="rollout",
             replicas=replicas,

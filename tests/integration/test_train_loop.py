@@ -6,40 +6,22 @@ shortened where the property allows it.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-LOCAL_TINY = REPO / "manifests" / "examples" / "local-tiny.yaml"
+from local_runs import read_jsonl, rlkube_run_command, start_run, write_local_tiny
 
 pytestmark = [pytest.mark.slow]
 
 
-def _write_job(tmp_path: Path, name: str, **overrides) -> Path:
-    doc = yaml.safe_load(LOCAL_TINY.read_text())
-    doc["metadata"]["name"] = name
-    for dotted, value in overrides.items():
-        node = doc
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-def _run(job: Path, out: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def _run(job: Path, out: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "rlkube_runtime.cli", "run", str(job), "--output-dir", str(out), *extra],
+        rlkube_run_command(job, out),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -48,20 +30,19 @@ def _run(job: Path, out: Path, *extra: str, timeout: float = 900) -> subprocess.
 
 
 def _metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(out / "metrics.jsonl")
 
 
 def _trained_prompts(out: Path) -> dict[int, list[int]]:
     """rollout id -> sample indices trained on; a rollout redone after a resume overwrites its entry."""
     by_rollout: dict[int, list[int]] = {}
-    for line in (out / "samples.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in read_jsonl(out / "samples.jsonl"):
         by_rollout[record["rollout"]] = record["sample_indices"]
     return by_rollout
 
 
 def test_grpo_lifts_reward_from_chance_to_above_0_8(tmp_path):
-    job = _write_job(
+    job = write_local_tiny(
         tmp_path,
         "learn",
         **{"spec.eval": {"interval": 30, "datasets": [{"name": "successor", "path": "builtin:digit-successor", "nSamples": 4}]}},
@@ -90,18 +71,12 @@ def test_kill_and_resume_trains_on_the_same_prompts_as_an_uninterrupted_run(tmp_
     straight_out = tmp_path / "straight"
     # The uninterrupted run uses the separate placement: the data order must not depend on it.
     separate = {"spec.resources.placement": "separate"}
-    straight = _run(_write_job(tmp_path, "straight", **settings, **separate), straight_out)
+    straight = _run(write_local_tiny(tmp_path, "straight", **settings, **separate), straight_out)
     assert straight.returncode == 0, straight.stderr[-5000:]
 
-    job = _write_job(tmp_path, "resumed", **settings)
+    job = write_local_tiny(tmp_path, "resumed", **settings)
     out = tmp_path / "resumed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlkube_runtime.cli", "run", str(job), "--output-dir", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_run(job, out)
     latest = out / "checkpoints" / "latest"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -131,7 +106,7 @@ def test_kill_and_resume_trains_on_the_same_prompts_as_an_uninterrupted_run(tmp_
     ],
 )
 def test_spec_errors_stop_the_run_at_start_naming_the_field(tmp_path, overrides, field):
-    job = _write_job(tmp_path, "broken", **overrides)
+    job = write_local_tiny(tmp_path, "broken", **overrides)
     started = time.monotonic()
     result = _run(job, tmp_path / "out", timeout=120)
     assert result.returncode != 0
