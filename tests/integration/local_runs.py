@@ -1,12 +1,23 @@
 """Running the embedded default (`manifests/examples/local-tiny.yaml`) as a user would: `rlkube run`
-in a subprocess, on a copy of the example with a few fields changed."""
+in a subprocess, on a copy of the example with a few fields changed.
+
+A run's output goes to a file, never to a pipe nobody reads while the test waits (a full pipe
+would stop the run at its next print). A run that does not finish in time fails the test with its
+output, the tails of its engine and router logs and, where py-spy is installed, the stacks of
+every process it started: enough to see where it stood.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -34,16 +45,95 @@ def rlkube_run_command(job: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "rlkube_runtime.cli", "run", str(job), "--output-dir", str(out)]
 
 
-def start_run(job: Path, out: Path) -> subprocess.Popen:
-    """`rlkube run` in its own process group (so a test can kill all of it), output merged."""
-    return subprocess.Popen(
-        rlkube_run_command(job, out),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+class LocalRun:
+    """`rlkube run` in its own process group (so a test can kill all of it), output in `log_path`."""
+
+    def __init__(self, job: Path, out: Path):
+        self.out = out
+        self.log_path = out.parent / f"{out.name}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                rlkube_run_command(job, out),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    @property
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_until(self, condition: Callable[[], bool], what: str, timeout_s: float) -> None:
+        """Until `condition()` holds while the run goes on; fails if the run ends or stalls first."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if not self.running():
+                raise AssertionError(f"the run ended (exit {self.proc.returncode}) before {what}:\n{self.output[-3000:]}")
+            if time.monotonic() > deadline:
+                self._fail_stalled(f"{what} did not happen within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def wait(self, timeout_s: float) -> int:
+        """The run's exit code; a run still going after `timeout_s` fails the test with diagnostics."""
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._fail_stalled(f"the run did not finish within {timeout_s:.0f} s")
+
+    def kill(self) -> None:
+        """SIGKILL the whole run, as a node loss would."""
+        if self.running():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def _fail_stalled(self, why: str) -> None:
+        report = diagnose(self.proc.pid, self.out)
+        self.kill()
+        raise AssertionError(f"{why}\n--- run output ---\n{self.output[-4000:]}\n{report}")
+
+
+def start_run(job: Path, out: Path) -> LocalRun:
+    return LocalRun(job, out)
+
+
+# The run's own processes: the driver, its actors and the engines (not Ray's agents and daemons).
+_RUN_PROCESS_MARKERS = ("rlkube_runtime", "ray::RolloutManager", "ray::TrainerWorker", "ray::EngineActor")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def diagnose(session: int, out: Path) -> str:
+    """Tails of the run's engine and router logs and py-spy stacks of the run's own processes."""
+    parts = []
+    for log in sorted((out / "logs").glob("*.log")) if (out / "logs").is_dir() else []:
+        tail = _ANSI.sub("", log.read_text(errors="replace")).splitlines()[-15:]
+        parts.append(f"--- {log.name} (last lines) ---\n" + "\n".join(line[:300] for line in tail))
+    # Ray's workers share the run's session; the engines have sessions of their own but name the
+    # run's output directory on their command lines.
+    table = subprocess.run(["ps", "-e", "-o", "pid=,sid="], check=False, capture_output=True, text=True).stdout
+    ours = [
+        pid
+        for pid, sid in (line.split() for line in table.splitlines())
+        if (sid == str(session) and any(marker in _cmdline(pid) for marker in _RUN_PROCESS_MARKERS))
+        or ("rlkube_runtime.engine" in _cmdline(pid) and str(out) in _cmdline(pid))
+    ]
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        parts.append(f"(py-spy not installed: no stacks of processes {ours})")
+    for pid in ours if py_spy else []:
+        dump = subprocess.run([py_spy, "dump", "--pid", pid], check=False, capture_output=True, text=True, timeout=60)
+        parts.append(f"--- py-spy dump {pid} ({_cmdline(pid)[:120]}) ---\n{dump.stdout[-4000:]}{dump.stderr[-500:]}")
+    return "\n".join(parts)
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def read_jsonl(path: Path) -> list[dict]:

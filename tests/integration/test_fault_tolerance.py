@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -42,19 +41,16 @@ def test_a_killed_engine_is_replaced_and_every_rollout_trains_on_fresh_distinct_
         },
     )
     out = tmp_path / "out"
-    proc = start_run(job, out)
+    run = start_run(job, out)
     try:
-        deadline = time.monotonic() + 600
-        while len(read_jsonl(out / "metrics.jsonl")) < 3 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+        run.wait_until(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 3, "three rollouts", timeout_s=300)
         victims = _engine_pids(str(out))
         assert len(victims) == 1, f"expected the run's one engine, found {victims}"
         os.kill(victims[0], signal.SIGKILL)
-        output, _ = proc.communicate(timeout=900)
+        returncode = run.wait(timeout_s=480)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, output[-5000:]
+        run.kill()
+    assert returncode == 0, run.output[-5000:]
 
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["rollout"] for m in metrics] == list(range(12))
