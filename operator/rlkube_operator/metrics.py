@@ -22,6 +22,12 @@ RECONCILE_ERRORS = Counter(
     "Failed RLJob reconciles, by kind (api: the API server refused or failed; spec: the RLJob's spec; internal).",
     ["kind"],
 )
+# Every label value exists from the start, so dashboards and alerts see zeros, not "no data",
+# before the first failure.
+for _result in ("ok", "error"):
+    RECONCILES.labels(_result)
+for _kind in ("api", "spec", "internal"):
+    RECONCILE_ERRORS.labels(_kind)
 RECONCILE_SECONDS = Histogram(
     "rlkube_operator_reconcile_duration_seconds",
     "Seconds one RLJob reconcile takes, API calls included.",

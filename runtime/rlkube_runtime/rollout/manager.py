@@ -10,13 +10,14 @@ through the router.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.data.source import PromptSource
-from rlkube_runtime.plugins import call_plugin, load_callable
+from rlkube_runtime.plugins import load_callable
 from rlkube_runtime.rewards.hub import compute_rewards
 from rlkube_runtime.rollout.engine_actor import EngineActor
 from rlkube_runtime.rollout.generate import (
@@ -28,6 +29,7 @@ from rlkube_runtime.rollout.generate import (
 from rlkube_runtime.spec import RLJobSpec
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EngineRestartLimitExceeded(RuntimeError):
@@ -64,6 +66,7 @@ class RolloutManager:
         self._restarts_unreported = 0
         self._health_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
+        self._failed = asyncio.Event()  # set with _failure: stops a rollout waiting on dead engines
         self._lock = asyncio.Lock()
         self._reward_client = None  # a RemoteRewardClient when reward.url is set
 
@@ -180,7 +183,7 @@ class RolloutManager:
         for old in [k for k in self._data_states if k < rollout_id - 1]:
             del self._data_states[old]
         rollout = self.spec.rollout
-        result = await generate_rollout(
+        result = await self._unless_failed(generate_rollout(
             ctx=self._context(rollout_id, self.sampling),
             get_groups=self._draw_groups,
             return_groups=self.source.add_samples,
@@ -191,7 +194,7 @@ class RolloutManager:
             abort_in_flight=lambda: self._client.abort(f"r{rollout_id}-"),  # this rollout's requests only
             partial_rollout=rollout.partial_rollout,
             custom_generate=self._custom_generate,
-        )
+        ))
         samples = [s for group in result.groups for s in group]
         for s in samples:
             s.rollout_id = rollout_id
@@ -225,7 +228,7 @@ class RolloutManager:
             )
             ctx = self._context(rollout_id, sampling, request_prefix="e")
             generate_one = self._custom_generate or generate_sample
-            await asyncio.gather(*(generate_one(ctx, s) for s in samples))
+            await self._unless_failed(asyncio.gather(*(generate_one(ctx, s) for s in samples)))
             rewards = await compute_rewards(samples, spec.reward, remote_client=self._reward_client)
             metrics[f"eval/{dataset.name}/reward"] = sum(float(r) for r in rewards) / len(rewards)
         if metrics:
@@ -321,6 +324,7 @@ class RolloutManager:
                         await self._replace_engine(j, url)
                     except BaseException as err:
                         self._failure = err
+                        self._failed.set()
                         return
             await asyncio.sleep(check.interval_seconds)
 
@@ -331,29 +335,56 @@ class RolloutManager:
             await self._replace_engine_locked(j)
 
     async def _replace_engine_locked(self, j: int) -> None:
+        """Deregister engine j, start it again (each attempt counts as a restart: a replacement
+        can fail too, e.g. when its fresh port was taken meanwhile), give it the current weights,
+        register it."""
+        old = self._urls[j]
+        await asyncio.to_thread(self._router.remove_worker, old)
+        if old in self._admins:
+            await self._admins.pop(old).close()
+        while True:
+            self._count_restart(j)
+            try:
+                new = await self._engines[j].restart.remote()
+                if self._latest_weights is not None:
+                    payload, path, version = self._latest_weights
+                    await self._push_weights(new, payload, path, version)
+                break
+            except Exception as err:  # the next attempt stops whatever this one left running
+                log.warning("engine %d: replacement %d failed: %s", j, self._restarts_total, err)
+        self._urls[j] = new
+        await asyncio.to_thread(self._router.add_worker, new)
+        log.warning("engine %d replaced: %s -> %s", j, old, new)
+
+    def _count_restart(self, j: int) -> None:
         limit = self.spec.fault_tolerance.max_engine_restarts
         if not self.spec.fault_tolerance.enabled or self._restarts_total >= limit:
             raise EngineRestartLimitExceeded(
                 f"engine {j} failed after {self._restarts_total} restarts "
                 f"(spec.faultTolerance.enabled = {self.spec.fault_tolerance.enabled}, maxEngineRestarts = {limit})"
             )
-        old = self._urls[j]
-        await asyncio.to_thread(self._router.remove_worker, old)
-        if old in self._admins:
-            await self._admins.pop(old).close()
-        new = await self._engines[j].restart.remote()
-        if self._latest_weights is not None:
-            payload, path, version = self._latest_weights
-            await self._push_weights(new, payload, path, version)
-        self._urls[j] = new
-        await asyncio.to_thread(self._router.add_worker, new)
         self._restarts_total += 1
         self._restarts_unreported += 1
-        log.warning("engine %d replaced: %s -> %s", j, old, new)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise self._failure
+
+    async def _unless_failed(self, work: Awaitable[T]) -> T:
+        """`work`'s result, unless engine replacement fails first: then raise that failure at once
+        instead of letting requests retry against engines that will not come back."""
+        task = asyncio.ensure_future(work)
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise self._failure
+        return task.result()
 
     # -- helpers --------------------------------------------------------------------------
 
