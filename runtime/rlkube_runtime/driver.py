@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,7 +52,23 @@ def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = Tr
     except (SpecError, RunError) as err:
         print(f"rlkube run: {err}", file=sys.stderr)
         return 2
-    run_job(plan, resume=resume)
+    from rlkube_runtime.rollout.manager import EngineRestartLimitExceeded
+
+    try:
+        run_job(plan, resume=resume)
+    except EngineRestartLimitExceeded as err:
+        # Ray hands the actor's error back wrapped in its traceback; the user needs the cause,
+        # the traceback goes to a file.
+        cause = getattr(err, "cause", err)
+        report = plan.output_dir / "logs" / "failure.txt"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+        print(
+            f"rlkube run: {cause}\nThe run stopped; its checkpoints are kept in {plan.checkpoint_root} and "
+            f"`rlkube run {path}` resumes from the last one. The full error: {report}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

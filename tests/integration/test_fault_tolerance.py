@@ -63,3 +63,34 @@ def test_a_killed_engine_is_replaced_and_every_rollout_trains_on_fresh_distinct_
     indices = [i for r in trained for i in r["sample_indices"]]
     assert all(len(r["sample_indices"]) == 16 * 8 for r in trained)
     assert len(indices) == len(set(indices)), "a sample was trained on twice"
+
+
+def test_an_engine_that_cannot_be_replaced_stops_the_run_with_the_field_named_and_checkpoints_kept(tmp_path):
+    job = write_local_tiny(
+        tmp_path,
+        "no-restarts",
+        **{
+            "spec.training.numRollout": 12,
+            "spec.checkpoint.interval": 2,
+            "spec.faultTolerance": {
+                "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 10, "firstWaitSeconds": 1},
+                "maxEngineRestarts": 0,
+            },
+        },
+    )
+    out = tmp_path / "out"
+    run = start_run(job, out)
+    try:
+        run.wait_until(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 3, "three rollouts", timeout_s=300)
+        victims = _engine_pids(str(out))
+        assert len(victims) == 1, f"expected the run's one engine, found {victims}"
+        os.kill(victims[0], signal.SIGKILL)
+        returncode = run.wait(timeout_s=300)
+    finally:
+        run.kill()
+    output = run.output
+    assert returncode == 1, output[-5000:]
+    assert "spec.faultTolerance.maxEngineRestarts = 0" in output, output[-3000:]
+    assert "Traceback" not in output, output[-5000:]  # the traceback is in the file the message names
+    assert "Traceback" in (out / "logs" / "failure.txt").read_text()
+    assert (out / "checkpoints" / "latest").read_text().strip() == "1"  # rollouts 0-1 saved, nothing lost

@@ -358,10 +358,14 @@ class RolloutManager:
 
     def _count_restart(self, j: int) -> None:
         limit = self.spec.fault_tolerance.max_engine_restarts
-        if not self.spec.fault_tolerance.enabled or self._restarts_total >= limit:
+        if not self.spec.fault_tolerance.enabled:
             raise EngineRestartLimitExceeded(
-                f"engine {j} failed after {self._restarts_total} restarts "
-                f"(spec.faultTolerance.enabled = {self.spec.fault_tolerance.enabled}, maxEngineRestarts = {limit})"
+                f"rollout engine {j} stopped answering, and spec.faultTolerance.enabled = false: it is not replaced"
+            )
+        if self._restarts_total >= limit:
+            raise EngineRestartLimitExceeded(
+                f"rollout engine {j} stopped answering, and all restarts are used "
+                f"({self._restarts_total} of spec.faultTolerance.maxEngineRestarts = {limit})"
             )
         self._restarts_total += 1
         self._restarts_unreported += 1
