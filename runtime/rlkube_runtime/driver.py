@@ -52,20 +52,18 @@ def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = Tr
     except (SpecError, RunError) as err:
         print(f"rlkube run: {err}", file=sys.stderr)
         return 2
-    from rlkube_runtime.rollout.manager import EngineRestartLimitExceeded
-
     try:
         run_job(plan, resume=resume)
-    except EngineRestartLimitExceeded as err:
-        # Ray hands the actor's error back wrapped in its traceback; the user needs the cause,
-        # the traceback goes to a file.
-        cause = getattr(err, "cause", err)
+    except Exception as err:  # noqa: BLE001 - whatever stopped the run, the user gets its cause first
+        # Ray hands an actor's error back wrapped in the actor's traceback: the cause goes to the
+        # terminal, the whole traceback to a file.
+        cause = getattr(err, "cause", None) or err
         report = plan.output_dir / "logs" / "failure.txt"
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
         print(
-            f"rlkube run: {cause}\nThe run stopped; its checkpoints are kept in {plan.checkpoint_root} and "
-            f"`rlkube run {path}` resumes from the last one. The full error: {report}",
+            f"rlkube run: {type(cause).__name__}: {cause}\nThe run stopped; its checkpoints are kept in "
+            f"{plan.checkpoint_root} and `rlkube run {path}` resumes from the last one. The full error: {report}",
             file=sys.stderr,
         )
         return 1
