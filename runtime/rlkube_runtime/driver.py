@@ -175,7 +175,11 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
                     break
         if checkpoint is not None:
             print(f"resuming from checkpoint {checkpoint.path} (rollout {checkpoint.rollout_id})", flush=True)
-            ray.get([t.load_state_dict.remote(checkpoint.payload["trainer"]) for t in trainers])
+            rngs = checkpoint.payload.get("trainer_rng") or []
+            if len(rngs) != len(trainers):
+                # Another trainer world size (or an older checkpoint): every rank takes rank 0's streams.
+                rngs = [None] * len(trainers)
+            ray.get([t.load_state_dict.remote(checkpoint.payload["trainer"], rng) for t, rng in zip(trainers, rngs)])
             ray.get(rollout.load_data_state.remote(checkpoint.payload["data_source"]))
             start = checkpoint.rollout_id + 1
             _sync_weights(spec, trainers, rollout, plan, version=start)
@@ -220,6 +224,7 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
             if (interval and (rollout_id + 1) % interval == 0) or rollout_id + 1 == num_rollout:
                 payload = {
                     "trainer": ray.get(trainers[0].state_dict.remote()),
+                    "trainer_rng": ray.get([t.rng_state.remote() for t in trainers]),
                     # The data position as of the next rollout's start (in async mode rollout
                     # k+1 already took its prompts; its checkpointed position is from before).
                     "data_source": ray.get(rollout.data_state.remote(rollout_id + 1)),

@@ -17,7 +17,14 @@ from rlkube_runtime.algorithms import compute_advantages, compute_approx_kl
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.trainer.batch import TrainBatch
-from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from rlkube_runtime.trainer.config import (
+    BatchingConfig,
+    LossConfig,
+    ModelConfig,
+    OptimizerConfig,
+    TrainerConfig,
+)
+from rlkube_runtime.trainer.rng import capture_rng_state, restore_rng_state
 from rlkube_runtime.trainer.torch_backend import TorchBackend
 
 # The torch backend has no critic, so PPO's value-based advantages are not available with it.
@@ -135,8 +142,17 @@ class TrainerWorker:
     def state_dict(self) -> dict[str, Any]:
         return self.backend.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def rng_state(self) -> dict[str, Any]:
+        """This rank's random generators: each rank's streams are saved, since dropout or any
+        rank-dependent draw makes them differ."""
+        return capture_rng_state()
+
+    def load_state_dict(self, state: dict[str, Any], rng: dict[str, Any] | None = None) -> None:
+        """Model, optimizer and schedule from `state`; random generators from `rng` (this rank's
+        own, saved by `rng_state`) when given, else the ones in `state`."""
         self.backend.load_state_dict(state)
+        if rng is not None:
+            restore_rng_state(rng)
 
     def release_memory(self) -> None:
         self.backend.release_memory()

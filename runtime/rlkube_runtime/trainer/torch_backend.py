@@ -229,10 +229,8 @@ class TorchBackend:
         """CPU copies of model, optimizer, scheduler and this process's RNG state.
 
         Not collective (call it on one rank): weights and optimizer state are the same on every
-        rank, and every rank starts from the same seed, so `load_state_dict` gives all ranks
-        these RNG streams (as Megatron seeds data-parallel ranks alike). A resume is then
-        exact whenever random draws do not depend on the rank's data, which holds without
-        dropout, the usual RL setting.
+        rank. The RNG state is this rank's; the job's driver saves every rank's streams beside
+        it (`TrainerWorker.rng_state`) so each rank resumes with its own.
         """
         return {
             "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
