@@ -48,16 +48,19 @@ def rlkube_run_command(job: Path, out: Path) -> list[str]:
 class LocalRun:
     """`rlkube run` in its own process group (so a test can kill all of it), output in `log_path`."""
 
-    def __init__(self, job: Path, out: Path):
+    def __init__(self, job: Path, out: Path, env: dict[str, str] | None = None):
         self.out = out
-        self.log_path = out.parent / f"{out.name}.log"
-        with open(self.log_path, "ab") as log:
+        attempt = 1  # a resumed run writes into the same output directory: one log per start
+        while (out.parent / f"{out.name}.run{attempt}.log").exists():
+            attempt += 1
+        self.log_path = out.parent / f"{out.name}.run{attempt}.log"
+        with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 rlkube_run_command(job, out),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
 
     @property
@@ -96,8 +99,8 @@ class LocalRun:
         raise AssertionError(f"{why}\n--- run output ---\n{self.output[-4000:]}\n{report}")
 
 
-def start_run(job: Path, out: Path) -> LocalRun:
-    return LocalRun(job, out)
+def start_run(job: Path, out: Path, env: dict[str, str] | None = None) -> LocalRun:
+    return LocalRun(job, out, env)
 
 
 # The run's own processes: the driver, its actors and the engines (not Ray's agents and daemons).

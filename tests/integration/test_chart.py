@@ -13,10 +13,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -26,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from harness import ControlPlane, ControlPlaneError
+from local_runs import read_jsonl, start_run, write_local_tiny
 from operator_fixtures import (
     OperatorProcess,
     apply_file,
@@ -283,42 +282,28 @@ def test_every_training_panel_returns_data_from_a_real_run(tmp_path):
     """`rlkube run` of local-tiny (15 rollouts, KL loss on so rlkube_kl moves, a checkpoint every 3
     rollouts) serving /metrics, scraped every second by the real Prometheus; every query of the
     training dashboard returns data once the run has logged several rollouts."""
-    spec = yaml.safe_load((REPO / "manifests" / "examples" / "local-tiny.yaml").read_text())
-    spec["spec"]["training"]["numRollout"] = 15
-    spec["spec"]["checkpoint"]["interval"] = 3
-    spec["spec"]["algorithm"].update(useKlLoss=True, klLossCoef=0.001)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    job = write_local_tiny(
+        tmp_path,
+        "local-tiny",
+        **{
+            "spec.training.numRollout": 15,
+            "spec.checkpoint.interval": 3,
+            "spec.algorithm.useKlLoss": True,
+            "spec.algorithm.klLossCoef": 0.001,
+        },
+    )
     out = tmp_path / "out"
     port = free_port()
     prom = Prometheus(tmp_path, {"rlkube-run": f"127.0.0.1:{port}"})  # stops itself if it fails to start
     start = time.time()
     run = None
-
-    def run_log() -> str:
-        return (tmp_path / "run.log").read_text(errors="replace")[-4000:]
-
-    def rollouts_logged() -> int:
-        assert run.poll() in (None, 0), f"rlkube run exited with {run.returncode}:\n{run_log()}"
-        path = out / "metrics.jsonl"
-        return len(path.read_text().splitlines()) if path.exists() else 0
-
     try:
-        with open(tmp_path / "run.log", "wb") as log:  # the child keeps its own copy of the descriptor
-            run = subprocess.Popen(
-                [sys.executable, "-m", "rlkube_runtime.cli", "run", str(tmp_path / "job.yaml"), "--output-dir", str(out)],
-                cwd=tmp_path, env={**os.environ, "RLKUBE_METRICS_PORT": str(port), "PYTHONUNBUFFERED": "1"},
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        wait_until(lambda: rollouts_logged() >= 7, 180, "rlkube run to log 7 rollouts")
+        run = start_run(job, out, env={"RLKUBE_METRICS_PORT": str(port)})
+        run.wait_until(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 7, "7 rollouts logged", timeout_s=180)
         training_queries = [q for q in chart.dashboard_queries() if q[0] == "rlkube-training.json"]
         assert_every_query_returns_data(prom, training_queries, start, timeout=30)
-        assert run.wait(timeout=180) == 0, run_log()
+        assert run.wait(timeout_s=180) == 0, run.output[-4000:]
     finally:
-        if run is not None and run.poll() is None:  # Ray's local processes share the run's session
-            os.killpg(run.pid, signal.SIGTERM)
-            try:
-                run.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(run.pid, signal.SIGKILL)
-                run.wait(timeout=10)
+        if run is not None:
+            run.kill()
         prom.stop()

@@ -6,27 +6,23 @@ shortened where the property allows it.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from local_runs import read_jsonl, rlkube_run_command, start_run, write_local_tiny
+from local_runs import read_jsonl, start_run, write_local_tiny
 
 pytestmark = [pytest.mark.slow]
 
 
-def _run(job: Path, out: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        rlkube_run_command(job, out),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+def _run(job: Path, out: Path, timeout_s: float = 420) -> tuple[int, str]:
+    """`rlkube run` to the end: its exit code and its output (stdout and stderr together)."""
+    run = start_run(job, out)
+    try:
+        return run.wait(timeout_s=timeout_s), run.output
+    finally:
+        run.kill()
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -48,9 +44,9 @@ def test_grpo_lifts_reward_from_chance_to_above_0_8(tmp_path):
         **{"spec.eval": {"interval": 30, "datasets": [{"name": "successor", "path": "builtin:digit-successor", "nSamples": 4}]}},
     )
     out = tmp_path / "out"
-    result = _run(job, out)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert "Traceback" not in result.stderr
+    returncode, output = _run(job, out)
+    assert returncode == 0, output[-5000:]
+    assert "Traceback" not in output
 
     records = _metrics(out)
     rewards = [m["rollout/raw_reward"] for m in records if m["rollout"] >= 0]
@@ -63,7 +59,7 @@ def test_grpo_lifts_reward_from_chance_to_above_0_8(tmp_path):
     assert sum(rewards[:3]) / 3 < 0.3, rewards[:10]
     assert sum(rewards[-5:]) / 5 > 0.8, rewards[-10:]
     # The progress line the user watches.
-    assert f"rollout {len(rewards)}/{len(rewards)}" in result.stdout
+    assert f"rollout {len(rewards)}/{len(rewards)}" in output
 
 
 def test_kill_and_resume_trains_on_the_same_prompts_as_an_uninterrupted_run(tmp_path):
@@ -71,8 +67,8 @@ def test_kill_and_resume_trains_on_the_same_prompts_as_an_uninterrupted_run(tmp_
     straight_out = tmp_path / "straight"
     # The uninterrupted run uses the separate placement: the data order must not depend on it.
     separate = {"spec.resources.placement": "separate"}
-    straight = _run(write_local_tiny(tmp_path, "straight", **settings, **separate), straight_out)
-    assert straight.returncode == 0, straight.stderr[-5000:]
+    returncode, output = _run(write_local_tiny(tmp_path, "straight", **settings, **separate), straight_out)
+    assert returncode == 0, output[-5000:]
 
     job = write_local_tiny(tmp_path, "resumed", **settings)
     out = tmp_path / "resumed"
@@ -85,9 +81,9 @@ def test_kill_and_resume_trains_on_the_same_prompts_as_an_uninterrupted_run(tmp_
     )
     run.kill()  # the trainer dies mid-run, as a node loss would kill it
 
-    resumed = _run(job, out)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
-    assert "resuming from checkpoint" in resumed.stdout
+    returncode, output = _run(job, out)
+    assert returncode == 0, output[-5000:]
+    assert "resuming from checkpoint" in output
 
     expected = _trained_prompts(straight_out)
     got = _trained_prompts(out)
@@ -106,8 +102,8 @@ def test_kill_and_resume_trains_on_the_same_prompts_as_an_uninterrupted_run(tmp_
 def test_spec_errors_stop_the_run_at_start_naming_the_field(tmp_path, overrides, field):
     job = write_local_tiny(tmp_path, "broken", **overrides)
     started = time.monotonic()
-    result = _run(job, tmp_path / "out", timeout=120)
-    assert result.returncode != 0
-    assert field in result.stderr
-    assert "Traceback" not in result.stderr
+    returncode, output = _run(job, tmp_path / "out", timeout_s=120)
+    assert returncode != 0
+    assert field in output
+    assert "Traceback" not in output
     assert time.monotonic() - started < 60
