@@ -209,6 +209,9 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
                 ray.get(rollout.resume_memory.remote())
             metrics.update(train_metrics)
             metrics["perf/actor_train_time"] = time.monotonic() - train_start
+            # Recorded before the checkpoint that covers it: a crash in between redoes this rollout
+            # (its record is written again) rather than leaving a trained rollout unrecorded.
+            _log_trained_samples(plan.output_dir, rollout_id, samples)
 
             if (rollout_id + 1) % spec.training.update_weights_interval == 0 or rollout_id + 1 == num_rollout:
                 if next_generation is not None:
@@ -245,7 +248,6 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
             metrics["perf/step_time"] = time.monotonic() - step_start
             metrics["progress/rollout"] = rollout_id
             metrics["progress/num_rollout"] = num_rollout
-            _log_trained_samples(plan.output_dir, rollout_id, samples)
             logger.log(rollout_id, metrics)
             if reporter is not None:
                 reporter.report(
