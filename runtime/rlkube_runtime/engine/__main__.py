@@ -24,9 +24,19 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument("--seed", type=int, default=0, help="server seed; sampling streams derive from it")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--max-running-requests", type=int, default=64, help="requests decoded together at most")
+    parser.add_argument(
+        "--max-running-requests", type=int, default=None, help="requests decoded together at most (default 256 on a GPU, 64 on a CPU)"
+    )
     parser.add_argument("--context-length", type=int, default=None, help="default: the model's max_position_embeddings")
     parser.add_argument("--weight-version", default="default", help="reported until a weight update sets another")
+    parser.add_argument(
+        "--runner", default="auto", choices=["auto", "slot", "hf"],
+        help="slot: static KV cache and CUDA-graph decode (Llama, Mistral, Qwen2, Qwen3); hf: transformers' own forward "
+        "(any model); auto (default): slot when the model allows",
+    )
+    parser.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly on a GPU too")
+    parser.add_argument("--mem-fraction-static", type=float, default=0.8, help="share of GPU memory for weights and KV cache")
+    parser.add_argument("--max-total-tokens", type=int, default=None, help="KV cache slots at most (default: by the memory share)")
     threads = os.environ.get("RLKUBE_ENGINE_THREADS")
     parser.add_argument(
         "--num-threads", type=int, default=int(threads) if threads else None,
@@ -42,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         import torch
 
         torch.set_num_threads(args.num_threads)
+    if args.max_running_requests is None:
+        args.max_running_requests = 256 if args.device.startswith("cuda") else 64
     if args.max_running_requests < 1:
         parser.error(f"--max-running-requests must be at least 1, got {args.max_running_requests}")
     return EngineConfig(
@@ -54,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         host=args.host,
         port=args.port,
         weight_version=args.weight_version,
+        runner=args.runner,
+        cuda_graphs=not args.disable_cuda_graph,
+        mem_fraction_static=args.mem_fraction_static,
+        max_total_tokens=args.max_total_tokens,
     )
 
 

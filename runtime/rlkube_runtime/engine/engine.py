@@ -16,15 +16,19 @@ from typing import Any
 import torch
 
 from rlkube_runtime.engine import protocol, weights
+from rlkube_runtime.engine.hf_runner import HFRunner
 from rlkube_runtime.engine.protocol import GenerateItem, ProtocolError
-from rlkube_runtime.engine.sampling import request_generator
+from rlkube_runtime.engine.sampling import uniform_stream
 from rlkube_runtime.engine.scheduler import Scheduler
 from rlkube_runtime.engine.sequence import Sequence
+from rlkube_runtime.engine.slot_runner import SlotRunner, unsupported_reason
 
 log = logging.getLogger(__name__)
 
 ENGINE_NAME = "rlkube-builtin"
 HEALTH_CHECK_TIMEOUT_S = 20.0
+RUNNERS = ("auto", "slot", "hf")
+CPU_KV_BUDGET_BYTES = 4 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +44,11 @@ class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 30000
     weight_version: str = "default"
+    runner: str = "auto"  # slot: static KV cache (+ CUDA graphs); hf: transformers' forward; auto: slot when it can
+    cuda_graphs: bool = True
+    # Share of the GPU's memory the engine may hold (weights + KV cache), as SGLang's option.
+    mem_fraction_static: float = 0.8
+    max_total_tokens: int | None = None  # KV cache slots at most (default: what the memory share allows)
 
 
 class Engine:
@@ -55,7 +64,10 @@ class Engine:
         self.context_length = int(config.context_length or getattr(model_config, "max_position_embeddings", 4096))
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids, default=0)
-        self.scheduler = Scheduler(model, tokenizer, max_running_requests=config.max_running_requests, pad_token_id=pad)
+        self.runner = _make_runner(model, config, pad)
+        self.scheduler = Scheduler(
+            self.runner, tokenizer, max_running_requests=config.max_running_requests, vocab_size=self.vocab_size
+        )
         self.scheduler.weight_version = config.weight_version
         self._offload = weights.WeightOffload()
         self._started_at = time.time()
@@ -112,12 +124,13 @@ class Engine:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
+        max_new_tokens = min(params.max_new_tokens, self.context_length - len(prompt))
         return Sequence(
             item=item,
             prompt_ids=prompt,
             stop_token_ids=frozenset(stop_ids),
-            max_new_tokens=min(params.max_new_tokens, self.context_length - len(prompt)),
-            generator=request_generator(self.config.seed, params, item.rid, item.sample_index),
+            max_new_tokens=max_new_tokens,
+            uniforms=uniform_stream(self.config.seed, params, item.rid, item.sample_index, max_new_tokens),
         )
 
     async def health_generate(self) -> bool:
@@ -245,6 +258,9 @@ class Engine:
             "random_seed": self.config.seed,
             "max_running_requests": self.config.max_running_requests,
             "context_length": self.context_length,
+            "runner": type(self.runner).__name__,
+            "kv_cache_bytes": self.runner.kv_bytes(),
+            "cuda_graph_captures": self.runner.graph_captures,
             "tp_size": 1,
             "dp_size": 1,
             "weight_version": self.weight_version,
@@ -278,6 +294,35 @@ class Engine:
             "gen_throughput": self.scheduler.generated_tokens / max(now - self._started_at, 1e-9),
         }
         return {"timestamp": now, "version": _package_version(), "dp_rank_count": 1, "loads": [rank]}
+
+
+def _make_runner(model: torch.nn.Module, config: EngineConfig, pad_token_id: int):
+    """SlotRunner where it can run the model (or where asked), else the generic HFRunner."""
+    if config.runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {list(RUNNERS)}, got {config.runner!r}")
+    reason = unsupported_reason(model)
+    if config.runner == "hf" or (config.runner == "auto" and reason is not None):
+        if reason is not None:
+            log.info("generic runner (transformers forward, no CUDA graphs): %s", reason)
+        return HFRunner(model, max_rows=config.max_running_requests, pad_token_id=pad_token_id)
+    if reason is not None:
+        raise ValueError(f"runner 'slot' cannot run {config.model_path}: {reason}; use runner 'hf' or 'auto'")
+    runner = SlotRunner(model, max_rows=config.max_running_requests, kv_budget_bytes=0, cuda_graphs=config.cuda_graphs)
+    runner.kv_budget_bytes = _kv_budget_bytes(config, runner.bytes_per_slot, runner.device)
+    return runner
+
+
+def _kv_budget_bytes(config: EngineConfig, bytes_per_slot: int, device: torch.device) -> int:
+    """The KV cache's memory limit: max_total_tokens slots if given; on a GPU, the memory share
+    minus what the weights already hold; on a CPU, a fixed 4 GiB."""
+    if config.max_total_tokens is not None:
+        return config.max_total_tokens * bytes_per_slot
+    if device.type != "cuda":
+        return CPU_KV_BUDGET_BYTES
+    if not 0.0 < config.mem_fraction_static <= 1.0:
+        raise ValueError(f"mem_fraction_static must be in (0, 1], got {config.mem_fraction_static}")
+    total = torch.cuda.get_device_properties(device).total_memory
+    return max(0, int(config.mem_fraction_static * total) - torch.cuda.memory_allocated(device))
 
 
 def _eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:

@@ -1,10 +1,10 @@
 """The continuous-batching generation loop, run in its own thread.
 
 Between decode steps the loop runs control commands (abort, pause, weight updates, memory
-release), admits waiting requests with one left-padded prefill forward, and drops finished rows.
-Every running request then advances by one token in a single shared decode forward over the
-joined KV cache. The model is touched only from this thread, so a weight update never lands in the
-middle of a forward pass.
+release), admits waiting requests with a prefill forward, and drops finished rows. Every running
+request then advances by one token in a single shared decode step. The forward passes and the KV
+cache belong to a runner (`SlotRunner` for Llama-family models, `HFRunner` for any other); the
+model is touched only from this thread, so a weight update never lands in the middle of a step.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from typing import Any
 import torch
 
 from rlkube_runtime.engine import protocol
-from rlkube_runtime.engine.kv_batch import KVBatch, new_cache
-from rlkube_runtime.engine.kv_batch import forward as kv_forward
-from rlkube_runtime.engine.sampling import sample_tokens
+from rlkube_runtime.engine.sampling import SamplingRows, sample_tokens
 from rlkube_runtime.engine.sequence import Sequence
+from rlkube_runtime.engine.slot_runner import PREFILL_TOKEN_BUDGET, CacheTooSmall
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +32,13 @@ _BLOCKING_TAGS = frozenset({"weights", "kv_cache"})
 class Scheduler:
     """Owns the waiting queue, the running batch and its KV cache; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, max_running_requests: int, pad_token_id: int):
-        self.model = model
+    def __init__(self, runner, tokenizer, *, max_running_requests: int, vocab_size: int):
+        self.runner = runner
+        self.model = runner.model
         self.tokenizer = tokenizer
         self.max_running_requests = max_running_requests
-        self.pad_token_id = pad_token_id
-        self.device = next(model.parameters()).device
+        self.vocab_size = vocab_size
+        self.device = next(self.model.parameters()).device
         self.weight_version = "default"
         self.paused_mode: str | None = None
         self.released_tags: set[str] = set()
@@ -52,8 +52,7 @@ class Scheduler:
         self._commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._stopping = False
         self._waiting: collections.deque[Sequence] = collections.deque()
-        self._running: list[Sequence] = []
-        self._kv: KVBatch | None = None
+        self._running: list[Sequence] = []  # in the runner's row order
         self._thread = threading.Thread(target=self._loop, name="rlkube-engine-scheduler", daemon=True)
 
     # ---- thread-safe API -------------------------------------------------------------------
@@ -124,15 +123,18 @@ class Scheduler:
     def release(self, tags: tuple[str, ...], offload) -> None:
         """Free memory: `kv_cache` drops the running batch's cache (its requests re-prefill after
         resume); `weights` moves the weights off the model through `offload`."""
-        if "kv_cache" in tags:
+        if "kv_cache" in tags or "cuda_graph" in tags:
             self._retract_running()
+            self.runner.release()
         if "weights" in tags:
             offload.offload(self.model)
+            self.runner.weights_moved()
         self.released_tags.update(tags)
 
     def resume_memory(self, tags: tuple[str, ...], offload) -> None:
         if "weights" in tags:
             offload.restore(self.model)
+            self.runner.weights_moved()
         self.released_tags.difference_update(tags)
 
     def idle(self) -> bool:
@@ -191,50 +193,52 @@ class Scheduler:
         self.kv_tokens = sum(seq.num_tokens - 1 for seq in self._running)
 
     def _admit(self) -> None:
-        """Prefill as many waiting requests as fit, in one left-padded forward, and join them."""
-        joiners: list[Sequence] = []
-        while self._waiting and len(self._running) + len(joiners) < self.max_running_requests:
+        """Prefill as many waiting requests as fit, a token budget's worth per forward."""
+        candidates: list[Sequence] = []
+        while self._waiting and len(self._running) + len(candidates) < self.max_running_requests:
             seq = self._waiting.popleft()
             if seq.max_new_tokens - len(seq.output_ids) <= 0:
                 seq.finish_now(protocol.finish_length(seq.max_new_tokens))
                 self._deliver(seq)
             else:
-                joiners.append(seq)
-        if not joiners:
+                candidates.append(seq)
+        if not candidates:
             return
-        # A retracted request re-prefills its prompt and the tokens it already generated.
-        rows = [seq.prompt_ids + seq.output_ids for seq in joiners]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, width - len(row) :] = torch.tensor(row)
-            mask[i, width - len(row) :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
-        self._running.extend(joiners)  # before the forward, so a failure fails them too
-        cache = new_cache()
-        logits = kv_forward(self.model, cache, input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
-        joined = KVBatch(cache=cache, attention_mask=mask)
-        self._kv = joined if self._kv is None else self._kv.join(joined)
-        self._sample_and_advance(logits[:, -1, :], joiners)
+        try:
+            fits = self.runner.admissible([seq.slots_needed for seq in candidates])
+        except CacheTooSmall as err:
+            # Nothing runs and even one of these cannot fit: that request fails, the rest wait.
+            seq = candidates.pop(0)
+            seq.future.set_exception(protocol.ProtocolError("sampling_params.max_new_tokens", str(err)))
+            fits = 0
+        self._waiting.extendleft(reversed(candidates[fits:]))
+        joiners = candidates[:fits]
+        while joiners:
+            group = [joiners.pop(0)]
+            width = group[0].num_tokens
+            while joiners and (len(group) + 1) * max(width, joiners[0].num_tokens) <= PREFILL_TOKEN_BUDGET:
+                width = max(width, joiners[0].num_tokens)
+                group.append(joiners.pop(0))
+            self._running.extend(group)  # before the forward, so a failure fails them too
+            # A retracted request re-prefills its prompt and the tokens it already generated.
+            logits = self.runner.prefill([seq.prompt_ids + seq.output_ids for seq in group], [seq.slots_needed for seq in group])
+            self._sample_and_advance(logits, group)
 
     def _decode(self) -> None:
-        """One token for every running request, in one forward over the shared cache."""
-        kv = self._kv
-        batch = len(self._running)
-        input_ids = torch.tensor([[seq.output_ids[-1]] for seq in self._running], device=self.device)
-        positions = torch.tensor([[seq.num_tokens - 1] for seq in self._running], device=self.device)
-        mask = torch.cat([kv.attention_mask, torch.ones((batch, 1), dtype=kv.attention_mask.dtype, device=self.device)], 1)
-        # The cache grows by one slot in place; the mask is rebuilt to match.
-        logits = kv_forward(self.model, kv.cache, input_ids=input_ids, attention_mask=mask, position_ids=positions)
-        self._kv = KVBatch(cache=kv.cache, attention_mask=mask)
-        self._sample_and_advance(logits[:, -1, :], list(self._running))
+        """One token for every running request, in one step over the shared cache."""
+        running = self._running
+        logits = self.runner.decode([seq.output_ids[-1] for seq in running], [seq.num_tokens - 1 for seq in running])
+        self._sample_and_advance(logits, list(running))
 
     def _sample_and_advance(self, logits: torch.Tensor, sequences: list[Sequence]) -> None:
-        tokens, logprobs = sample_tokens(logits, [s.params for s in sequences], [s.generator for s in sequences])
+        rows = SamplingRows.build(
+            [s.params for s in sequences], [s.next_uniform() for s in sequences], vocab_size=self.vocab_size, device=logits.device
+        )
+        tokens, logprobs = sample_tokens(logits, rows)
+        # One device-to-host copy for both (token ids are exact in float64).
+        tokens, logprobs = torch.stack([tokens.double(), logprobs.double()]).tolist()
         for seq, token, logprob in zip(sequences, tokens, logprobs):
-            seq.append(token, logprob, self.tokenizer)
+            seq.append(int(token), logprob, self.tokenizer)
         self.generated_tokens += len(sequences)
         self._retire_finished_running()
 
@@ -246,7 +250,7 @@ class Scheduler:
             if seq.finished:
                 self._deliver(seq)
         self._running = [self._running[i] for i in keep]
-        self._kv = self._kv.select(keep) if keep else None
+        self.runner.keep(keep)
         self.kv_tokens = sum(seq.num_tokens - 1 for seq in self._running)
 
     def _retire_finished_waiting(self) -> None:
@@ -258,7 +262,7 @@ class Scheduler:
         """Move running requests back to the head of the queue and free their cache."""
         self._waiting.extendleft(reversed(self._running))
         self._running = []
-        self._kv = None
+        self.runner.clear()
         self.kv_tokens = 0
 
     def _deliver(self, seq: Sequence) -> None:
@@ -272,6 +276,6 @@ class Scheduler:
             if not seq.future.done():
                 seq.future.set_exception(err)
         self._running = []
-        self._kv = None
+        self.runner.clear()
         self.kv_tokens = 0
 

@@ -7,8 +7,6 @@ import dataclasses
 import time
 from typing import Any
 
-import torch
-
 from rlkube_runtime.engine import protocol
 from rlkube_runtime.engine.protocol import GenerateItem, SamplingParams
 
@@ -21,7 +19,7 @@ class Sequence:
     prompt_ids: list[int]
     stop_token_ids: frozenset[int]  # the request's stop ids plus EOS unless ignore_eos
     max_new_tokens: int  # the request's limit, capped so prompt + output fit the context
-    generator: torch.Generator
+    uniforms: list[float] | None  # one random number per token it may sample (None: greedy)
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
     output_ids: list[int] = dataclasses.field(default_factory=list)
     output_logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -39,6 +37,15 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def slots_needed(self) -> int:
+        """KV cache slots the request can fill by its end (prompt plus every token but the last)."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+    def next_uniform(self) -> float:
+        """The random number that picks the next token (0.0 for greedy requests, which ignore it)."""
+        return 0.0 if self.uniforms is None else self.uniforms[len(self.output_ids)]
 
     @property
     def finished(self) -> bool:

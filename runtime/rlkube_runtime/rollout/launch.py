@@ -35,7 +35,10 @@ ArgValue = str | int | float | bool | None | Sequence[str | int | float]
 
 ENGINE_KINDS = ("builtin", "sglang")
 # Options of `python -m rlkube_runtime.engine` a caller may pass through `engine_args`.
-BUILTIN_ENGINE_OPTIONS = ("dtype", "max-running-requests", "context-length", "num-threads", "weight-version", "log-level")
+BUILTIN_ENGINE_OPTIONS = (
+    "dtype", "max-running-requests", "context-length", "num-threads", "weight-version", "log-level", "runner",
+    "disable-cuda-graph", "mem-fraction-static", "max-total-tokens",
+)
 
 
 class ProcessStartError(RuntimeError):

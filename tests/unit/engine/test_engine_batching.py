@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlkube_runtime.engine.kv_batch import KVBatch, new_cache
 
-from engine_testutil import engine_of
+from engine_testutil import engine_of, record_batch_sizes
 
 
 async def _generate(client, body):
@@ -17,15 +17,8 @@ async def _generate(client, body):
     return await response.json()
 
 
-def _count_forwards(model):
-    """Batch sizes of the model's forward calls, recorded by a forward hook."""
-    sizes = []
-    model.register_forward_hook(lambda module, args, kwargs, out: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
-    return sizes
-
-
 async def test_concurrent_requests_share_decode_forwards(client):
-    sizes = _count_forwards(engine_of(client).model)
+    sizes = record_batch_sizes(client)
     bodies = [{"text": "x" * (i + 1), "sampling_params": {"max_new_tokens": 24, "ignore_eos": True}} for i in range(8)]
     results = await asyncio.gather(*(_generate(client, b) for b in bodies))
     assert all(len(r["output_ids"]) == 24 for r in results)
@@ -35,7 +28,7 @@ async def test_concurrent_requests_share_decode_forwards(client):
 
 async def test_batch_never_exceeds_max_running_requests(start_engine):
     client = await start_engine(max_running_requests=3)
-    sizes = _count_forwards(engine_of(client).model)
+    sizes = record_batch_sizes(client)
     bodies = [{"text": f"r{i}", "sampling_params": {"max_new_tokens": 6 + i, "ignore_eos": True}} for i in range(8)]
     results = await asyncio.gather(*(_generate(client, b) for b in bodies))
     assert [len(r["output_ids"]) for r in results] == [6 + i for i in range(8)]

@@ -31,9 +31,9 @@ def test_builtin_command_and_its_argument_checks():
     assert command[:3] == [sys.executable, "-m", "rlkube_runtime.engine"]
     assert " ".join(command).endswith("--seed 5 --device cpu --max-running-requests 8")
 
-    with pytest.raises(ValueError, match="mem-fraction-static"):
+    with pytest.raises(ValueError, match="chunked-prefill-size"):
         engine_command(EngineLaunchSpec(kind="builtin", model_path="/m", log_dir="/l", name="e",
-                                        engine_args={"mem-fraction-static": 0.5}), 1)
+                                        engine_args={"chunked-prefill-size": 4096}), 1)
     with pytest.raises(ValueError, match="tp_size=2"):
         engine_command(EngineLaunchSpec(kind="builtin", model_path="/m", log_dir="/l", name="e", tp_size=2), 1)
     with pytest.raises(ValueError, match="sglang_args"):
