@@ -79,6 +79,9 @@ class RenderError(ValueError):
         self.message = message
         super().__init__(f"{field}: {message}")
 
+    def __reduce__(self):
+        return type(self), (self.field, self.message)
+
 
 @dataclass(frozen=True)
 class JobRef:

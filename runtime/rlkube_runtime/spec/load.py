@@ -35,6 +35,10 @@ class SpecError(ValueError):
         self.source = source
         super().__init__(str(self))
 
+    def __reduce__(self):
+        # Rebuilt from its fields, so it crosses process boundaries (Ray) intact.
+        return type(self), (self.errors, self.source)
+
     def __str__(self) -> str:
         prefix = f"{self.source}: " if self.source else ""
         return "\n".join(f"{prefix}{path}: {message}" if path else f"{prefix}{message}" for path, message in self.errors)
