@@ -194,8 +194,8 @@ class ModelConfig:
 
     `ref_load` is an HF directory for the frozen reference model (None: `hf_checkpoint`).
     `dtype` is the compute dtype on GPU (autocast; parameters and optimizer stay fp32 as master
-    weights); on CPU everything runs in float32 whatever `dtype` says. `attn_implementation`
-    must take a 4-D attention mask, which packed micro-batches need.
+    weights); on CPU everything runs in float32 whatever `dtype` says. `attn_implementation` is
+    transformers' (sdpa: PyTorch's flash kernels on a GPU; eager: the reference).
     """
 
     hf_checkpoint: str
@@ -210,8 +210,7 @@ class ModelConfig:
             raise ValueError(f"model.dtype must be one of {MODEL_DTYPES}, got {self.dtype!r}")
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ValueError(
-                f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS} (packing needs a 4-D "
-                f"block-diagonal mask), got {self.attn_implementation!r}"
+                f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, got {self.attn_implementation!r}"
             )
 
     @classmethod

@@ -33,7 +33,8 @@ from .backend import LogProbs
 from .batch import TrainBatch
 from .config import TrainerConfig
 from .lr_schedule import LRSchedule
-from .packing import pack_row, partition_for_ranks, plan_micro_batches
+from .offload import PinnedOffload
+from .packing import pad_rows, partition_for_ranks, plan_micro_batches
 from .rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -62,10 +63,10 @@ class TorchBackend:
         torch.manual_seed(config.seed)
 
         self.model = _load_causal_lm(config.model.hf_checkpoint, config.model.attn_implementation).to(self.device)
-        self._train_module: torch.nn.Module = self.model
+        self._train_module: torch.nn.Module = ResponseLogits(self.model)
         if self.world_size > 1:
             self._train_module = DistributedDataParallel(
-                self.model,
+                self._train_module,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 **_no_forward_buffer_sync(),
             )
@@ -77,8 +78,8 @@ class TorchBackend:
 
         self.optimizer = _make_adamw(self.model, config)
         self.schedule = LRSchedule(self.optimizer, config.optimizer)
-        self._keeps_logits = _accepts_logits_to_keep(self.model)
         self._released = False
+        self._offload = PinnedOffload()
 
     # -- forward passes -------------------------------------------------------------------
 
@@ -104,7 +105,7 @@ class TorchBackend:
         local = batch.select(mine)
         results: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         for group in self._plan(local):
-            logp, ent = self._forward(module, local.select(group), with_entropy=with_entropy, entropy_grad=False)
+            logp, ent = self._forward(ResponseLogits(module), local.select(group), with_entropy=with_entropy, entropy_grad=False)
             for j, i in enumerate(group):
                 results[mine[i]] = (logp[j].float().cpu(), None if ent is None else ent[j].float().cpu())
         module.train(was_training)
@@ -250,21 +251,25 @@ class TorchBackend:
 
     # -- colocated placement --------------------------------------------------------------
 
-    def release_memory(self) -> None:
-        """Free gradients; on GPU also move weights, reference model and Adam moments to CPU.
+    def release_memory(self, *, keep_weights: bool = False) -> None:
+        """Free gradients; on GPU also move the reference model, the Adam moments and (unless
+        `keep_weights`) the actor's weights to pinned host memory.
 
         Gradients are dropped (they are rebuilt by the next step anyway). On a CPU trainer that
         is all there is to give back: the weights and moments already live in host memory. On
-        GPU the actor, the reference model and the optimizer's moment tensors move to host
-        memory (same Parameter objects, so the optimizer and DDP keep their references) and the
-        CUDA caching allocator returns its free blocks. DDP's gradient buckets (one model-size
-        buffer) stay allocated. Forward passes raise until `resume_memory`.
+        GPU the tensors move in place (same Parameter objects, so the optimizer and DDP keep
+        their references) and the CUDA caching allocator returns its free blocks. DDP's gradient
+        buckets (one model-size buffer) stay allocated. `keep_weights` leaves the actor on the
+        GPU for a weight sync from device memory; a later call without it moves them too.
+        Forward passes raise until `resume_memory`.
         """
-        if self._released:
-            return
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type != "cpu":
-            self._move_resident(torch.device("cpu"))
+            host = torch.device("cpu")
+            self._move_optimizer_and_ref(host)
+            if not keep_weights:
+                self._move_module(self.model, "actor", host)
+            self._offload.wait(self.device)
             torch.cuda.empty_cache()
         self._released = True
 
@@ -273,7 +278,9 @@ class TorchBackend:
         if not self._released:
             return
         if self.device.type != "cpu":
-            self._move_resident(self.device)
+            self._move_module(self.model, "actor", self.device)
+            self._move_optimizer_and_ref(self.device)
+            self._offload.wait(self.device)
         self._released = False
 
     @property
@@ -294,26 +301,16 @@ class TorchBackend:
     def _forward(
         self, module: torch.nn.Module, mb: TrainBatch, *, with_entropy: bool, entropy_grad: bool
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Per-sample response log-probs (and entropy) of one packed micro-batch.
+        """Per-sample response log-probs (and entropy) of one micro-batch of padded rows.
 
-        Returns lists of [R_i] float32 tensors on `self.device`.
+        `module` is a `ResponseLogits` (or DDP around one). Returns lists of [R_i] float32
+        tensors on `self.device`.
         """
-        row = pack_row(mb.tokens, device=self.device)
-        # sdpa takes the bool mask; eager adds the float one to its scores.
-        sdpa = self.config.model.attn_implementation == "sdpa"
-        mask = row.attention_mask() if sdpa else row.attention_mask(dtype=torch.float32)
-        positions = row.response_positions(mb.response_lengths)  # [ΣR]: logits at t predict token t+1
-        extra = {"logits_to_keep": positions} if self._keeps_logits else {}
+        rows = pad_rows(mb.tokens, device=self.device)
+        index = rows.response_index(mb.response_lengths)  # logits at (row, t) predict token t+1
         with self._autocast():
-            out = module(
-                input_ids=row.input_ids,
-                position_ids=row.position_ids,
-                attention_mask=mask,
-                use_cache=False,
-                **extra,
-            )
-        logits = out.logits[0] if self._keeps_logits else out.logits[0, positions]  # [ΣR, V]
-        targets = row.input_ids[0, positions + 1]
+            logits = module(rows.input_ids, *index)  # [ΣR, V]
+        targets = rows.input_ids[index[0], index[1] + 1]
         temperature = self.config.temperature
         logp = log_probs_from_logits(logits, targets, temperature)
         ent = None
@@ -325,8 +322,9 @@ class TorchBackend:
     def _backward_nothing(self) -> None:
         """A zero-loss forward/backward so DDP's all-reduce on the other ranks has a partner."""
         dummy = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        first = torch.zeros(1, dtype=torch.long, device=self.device)
         with self._grad_sync(True), self._autocast():
-            logits = self._train_module(input_ids=dummy, use_cache=False).logits
+            logits = self._train_module(dummy, first, first)
         (logits.float().sum() * 0.0).backward()
 
     def _grad_sync(self, sync: bool):
@@ -353,19 +351,45 @@ class TorchBackend:
                 total[key] = total.get(key, 0.0) + value
         return total
 
-    def _move_resident(self, device: torch.device) -> None:
-        self.model.to(device)
+    def _move_module(self, module: torch.nn.Module, tag: str, device: torch.device) -> None:
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            if tensor.device != device:
+                tensor.data = self._moved((tag, name), tensor.data, device)
+
+    def _move_optimizer_and_ref(self, device: torch.device) -> None:
         if self.ref_model is not None:
-            self.ref_model.to(device)
-        for state in self.optimizer.state.values():
+            self._move_module(self.ref_model, "ref", device)
+        for param, state in self.optimizer.state.items():
             for key, value in state.items():
                 # Adam's scalar `step` stays where torch keeps it; the moments follow the weights.
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    state[key] = value.to(device, non_blocking=True)
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
+                    state[key] = self._moved(("optimizer", id(param), key), value, device)
+
+    def _moved(self, key: tuple, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if device.type == "cpu":
+            return self._offload.to_host(key, tensor)
+        return self._offload.to_device(tensor, device)
 
     def _check_resident(self, what: str) -> None:
         if self._released:
             raise RuntimeError(f"{what} called while the trainer's memory is released; call resume_memory() first")
+
+
+class ResponseLogits(torch.nn.Module):
+    """A causal LM computing logits only where they are used: at the (rows, cols) positions
+    [N] of its [k, L] input, as [N, vocab]. The full [k, L, vocab] tensor (a 150k vocabulary
+    makes it larger than the model's activations) is never built. A module of its own so DDP
+    wraps the whole computation."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        # No attention mask: rows are right-padded, so causal attention never lets a real token
+        # see a pad, and transformers runs plain causal (flash) attention.
+        hidden = self.lm.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+        return self.lm.get_output_embeddings()(hidden[rows, cols])
 
 
 def _load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
@@ -393,23 +417,18 @@ def _no_forward_buffer_sync() -> dict[str, bool]:
 
 
 def _make_adamw(model: torch.nn.Module, config: TrainerConfig) -> torch.optim.AdamW:
-    """AdamW; like Megatron, biases and norm weights (1-D parameters) get no weight decay."""
+    """AdamW; like Megatron, biases and norm weights (1-D parameters) get no weight decay. On a
+    GPU the fused kernel: one launch for all parameters instead of several per tensor."""
     opt = config.optimizer
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    fused = bool(params) and all(p.device.type == "cuda" for p in params)
     return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps
+        [g for g in groups if g["params"]], lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, fused=fused
     )
-
-
-def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether the model computes lm_head logits only at given positions (saves [T, V] memory)."""
-    import inspect
-
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def _require(batch: TrainBatch, field: str, how: str) -> None:

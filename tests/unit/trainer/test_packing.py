@@ -1,4 +1,5 @@
-"""Packing plans and packed rows: limits, coverage, and exactly the unpacked model outputs."""
+"""Micro-batch plans and padded rows: limits, coverage, and exactly the model's outputs for each
+sample alone."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 from rlkube_runtime.trainer.packing import (
     DEFAULT_MAX_TOKENS_PER_GPU,
-    first_fit_decreasing,
-    pack_row,
+    length_sorted_bins,
+    pad_rows,
     partition_for_ranks,
     plan_micro_batches,
 )
@@ -18,24 +19,25 @@ from transformers import AutoModelForCausalLM
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_ffd_never_exceeds_the_limit_and_places_every_sample_once(seed):
+def test_bins_never_exceed_the_padded_limit_and_place_every_sample_once(seed):
     rng = random.Random(seed)
     capacity = rng.randint(8, 64)
     lengths = [rng.randint(1, capacity) for _ in range(rng.randint(1, 40))]
-    bins = first_fit_decreasing(lengths, capacity)
+    bins = length_sorted_bins(lengths, capacity)
     assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
-    assert all(sum(lengths[i] for i in b) <= capacity for b in bins)
+    assert all(len(b) * max(lengths[i] for i in b) <= capacity for b in bins)
     assert all(b for b in bins)
 
 
-def test_ffd_fills_rows_better_than_arrival_order():
-    # Arrival-order greedy needs 3 rows for [6, 5, 5, 4] in 10; FFD finds 2: {6, 4} and {5, 5}.
-    assert first_fit_decreasing([6, 5, 5, 4], 10) == [[0, 3], [1, 2]]
+def test_bins_take_the_longest_first_so_rows_of_a_bin_have_similar_lengths():
+    # Sorted: 9 (idx 1), 8 (3), 5 (0), 4 (4), 2 (2). Capacity 16: {9} alone (2 x 9 > 16), then
+    # {8, 5} (2 x 8 = 16), then {4, 2} (2 x 4 = 8; padding 2 tokens).
+    assert length_sorted_bins([5, 9, 2, 8, 4], 16) == [[1], [0, 3], [2, 4]]
 
 
 def test_a_sample_over_the_limit_goes_alone_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="rlkube_runtime.trainer.packing"):
-        bins = first_fit_decreasing([3, 50, 4], 10)
+        bins = length_sorted_bins([3, 50, 4], 10)
     assert [1] in bins
     assert sorted(i for b in bins for i in b) == [0, 1, 2]
     assert "sample 1 has 50 tokens, more than max_tokens_per_gpu=10" in caplog.text
@@ -74,43 +76,26 @@ def test_rank_partition_leaves_ranks_empty_only_when_samples_run_out():
     assert partition_for_ranks([7], 2) == [[0], []]
 
 
-def test_packed_row_positions_restart_and_response_positions_precede_their_tokens():
-    row = pack_row([torch.tensor([10, 11, 12]), torch.tensor([20, 21]), torch.tensor([30, 31, 32, 33])])
-    assert row.input_ids.tolist() == [[10, 11, 12, 20, 21, 30, 31, 32, 33]]
-    assert row.position_ids.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 0 + 3]]
-    positions = row.response_positions([2, 1, 3])
-    # Sample 0 response = [11, 12], predicted at positions 0, 1; sample 1 = [21] at 3; sample 2 = [31, 32, 33] at 5..7.
-    assert positions.tolist() == [0, 1, 3, 5, 6, 7]
-    assert row.input_ids[0, positions + 1].tolist() == [11, 12, 21, 31, 32, 33]
-
-
-def test_attention_mask_is_block_diagonal_causal():
-    mask = pack_row([torch.tensor([1, 2]), torch.tensor([3, 4, 5])]).attention_mask()[0, 0]
-    expected = torch.tensor(
-        [
-            [1, 0, 0, 0, 0],
-            [1, 1, 0, 0, 0],
-            [0, 0, 1, 0, 0],
-            [0, 0, 1, 1, 0],
-            [0, 0, 1, 1, 1],
-        ],
-        dtype=torch.bool,
-    )
-    assert torch.equal(mask, expected)
-    additive = pack_row([torch.tensor([1, 2]), torch.tensor([3, 4, 5])]).attention_mask(dtype=torch.float32)[0, 0]
-    assert torch.equal(additive == 0, expected)
+def test_padded_rows_and_response_positions_precede_their_tokens():
+    rows = pad_rows([torch.tensor([10, 11, 12]), torch.tensor([20, 21]), torch.tensor([30, 31, 32, 33])])
+    assert rows.input_ids.tolist() == [[10, 11, 12, 0], [20, 21, 0, 0], [30, 31, 32, 33]]
+    assert rows.num_tokens == 9
+    r, c = rows.response_index([2, 1, 3])
+    # Sample 0 response = [11, 12], predicted at (0, 0), (0, 1); sample 1 = [21] at (1, 0); sample 2 = [31, 32, 33] at (2, 0..2).
+    assert list(zip(r.tolist(), c.tolist())) == [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1), (2, 2)]
+    assert rows.input_ids[r, c + 1].tolist() == [11, 12, 21, 31, 32, 33]
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
-def test_packed_logits_equal_each_sample_run_alone(tiny_checkpoint, attn_implementation):
+def test_padded_rows_give_each_sample_the_logits_it_has_alone(tiny_checkpoint, attn_implementation):
     model = AutoModelForCausalLM.from_pretrained(
         tiny_checkpoint, attn_implementation=attn_implementation, dtype=torch.float32
     ).eval()
     g = torch.Generator().manual_seed(0)
     samples = [torch.randint(8, 90, (n,), generator=g) for n in (7, 1, 12, 3)]
-    row = pack_row(samples)
-    mask = row.attention_mask() if attn_implementation == "sdpa" else row.attention_mask(dtype=torch.float32)
+    rows = pad_rows(samples)
     with torch.no_grad():
-        packed = model(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=mask).logits[0]
+        padded = model(input_ids=rows.input_ids).logits
+        together = torch.cat([padded[j, :n] for j, n in enumerate(rows.seq_lens)])
         alone = torch.cat([model(input_ids=s[None]).logits[0] for s in samples])
-    assert (packed - alone).abs().max().item() < 1e-5
+    assert (together - alone).abs().max().item() < 1e-5

@@ -78,7 +78,7 @@ def test_log_probs_do_not_depend_on_packing(tiny_checkpoint):
 
 PACKINGS = [
     BatchingConfig(max_tokens_per_gpu=1000),  # everything in one row
-    BatchingConfig(max_tokens_per_gpu=21),  # rows {20}, {14, 7}, {12, 9}, {5}
+    BatchingConfig(max_tokens_per_gpu=21),  # micro-batches {20}, {14}, {12}, {9, 7}, {5}
     BatchingConfig(max_tokens_per_gpu=5),  # every sample alone (most exceed the limit)
     BatchingConfig(dynamic_batch_size=False, micro_batch_size=4),
 ]
@@ -98,7 +98,7 @@ def test_loss_and_gradients_are_the_same_for_every_packing(tiny_checkpoint, per_
         metrics = backend.accumulate_gradients(b)
         grads = {n: p.grad.clone() for n, p in backend.model.named_parameters()}
         runs.append((metrics, grads))
-    assert [m["num_micro_batches"] for m, _ in runs] == [1.0, 4.0, 6.0, 2.0]
+    assert [m["num_micro_batches"] for m, _ in runs] == [1.0, 5.0, 6.0, 2.0]
     base_metrics, base_grads = runs[0]
     assert base_metrics["pg_clipfrac"] > 0  # the noisy old log-probs make clipping matter
     for metrics, grads in runs[1:]:
