@@ -166,6 +166,7 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
     try:
         if shares_gpus:
             ray.get([t.release_memory.remote() for t in trainers])
+        ray.get(rollout.set_weight_pushers.remote(trainers, *_weight_pushers(spec, topology), str(plan.output_dir / "weights")))
         start = 0
         checkpoint = None
         if resume:
@@ -182,7 +183,7 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
             ray.get([t.load_state_dict.remote(checkpoint.payload["trainer"], rng) for t, rng in zip(trainers, rngs)])
             ray.get(rollout.load_data_state.remote(checkpoint.payload["data_source"]))
             start = checkpoint.rollout_id + 1
-            _sync_weights(spec, trainers, rollout, plan, version=start)
+            ray.get(rollout.update_weights.remote(str(start)))
         num_rollout = spec.training.num_rollout
         is_async = str(getattr(spec.training.mode, "value", spec.training.mode)) == "async"
         eval_every = spec.eval.interval if spec.eval.datasets else None
@@ -198,26 +199,14 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
                 # Async: rollout k+1 is generated (by the weights of k-1) while k trains.
                 next_generation = rollout.generate.remote(rollout_id + 1)
 
-            train_start = time.monotonic()
-            if shares_gpus:
-                # Colocated on GPUs: the engines give their memory to the trainer for the train phase.
-                ray.get(rollout.release_memory.remote())
-                ray.get([t.resume_memory.remote() for t in trainers])
-            train_metrics = ray.get([t.train.remote(rollout_id, samples) for t in trainers])[0]
-            if shares_gpus:
-                ray.get([t.release_memory.remote() for t in trainers])
-                ray.get(rollout.resume_memory.remote())
-            metrics.update(train_metrics)
-            metrics["perf/actor_train_time"] = time.monotonic() - train_start
+            sync_now = (rollout_id + 1) % spec.training.update_weights_interval == 0 or rollout_id + 1 == num_rollout
+            metrics.update(_train(
+                trainers, rollout, rollout_id, samples, shares_gpus=shares_gpus,
+                sync_version=rollout_id + 1 if sync_now else None, in_flight=next_generation,
+            ))
             # Recorded before the checkpoint that covers it: a crash in between redoes this rollout
             # (its record is written again) rather than leaving a trained rollout unrecorded.
             _log_trained_samples(plan.output_dir, rollout_id, samples)
-
-            if (rollout_id + 1) % spec.training.update_weights_interval == 0 or rollout_id + 1 == num_rollout:
-                if next_generation is not None:
-                    # As slime's async loop: let the in-flight rollout finish on the old weights.
-                    ray.wait([next_generation], num_returns=1)
-                metrics["perf/update_weights_time"] = _sync_weights(spec, trainers, rollout, plan, version=rollout_id + 1)
 
             if eval_every and (rollout_id + 1) % eval_every == 0:
                 metrics.update(ray.get(rollout.evaluate.remote(rollout_id + 1)))
@@ -270,20 +259,67 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
             ray.shutdown()
 
 
-def _sync_weights(spec, trainers, rollout, plan: RunPlan, *, version: int) -> float:
-    """Push the trainer's weights to every engine: pause, flush, load, resume (engines report the version)."""
+def _train(
+    trainers, rollout, rollout_id: int, samples, *, shares_gpus: bool, sync_version: int | None, in_flight=None
+) -> dict[str, float]:
+    """Train on one rollout, then (when due) sync the weights to the engines; a rollout still in
+    flight (async mode) finishes on the old weights first, as in slime's async loop.
+
+    Colocated on GPUs the phases take turns with the memory: the engines give theirs up for the
+    train phase; after it the trainer keeps only its weights while the engines take their
+    weights back and the sync copies into them, then the trainer offloads the rest and the
+    engines get their KV cache back. Returns the train metrics and perf/ seconds of each step.
+    """
     import ray
 
+    metrics: dict[str, float] = {}
+    handoff = 0.0
     started = time.monotonic()
-    if str(getattr(spec.rollout.engine, "value", spec.rollout.engine)) == "builtin":
-        encoded = trainers[0].export_encoded_weights.remote()
-        ray.get(rollout.update_weights.remote(encoded_tensors=encoded, path=None, version=str(version)))
-    else:
-        # SGLang servers load HF directories from the shared checkpoint volume.
-        target = plan.output_dir / "weights" / f"v{version:08d}"
-        path = ray.get(trainers[0].save_hf.remote(str(target)))
-        ray.get(rollout.update_weights.remote(encoded_tensors=None, path=path, version=str(version)))
-    return time.monotonic() - started
+    if shares_gpus:
+        ray.get(rollout.release_memory.remote())
+        ray.get([t.resume_memory.remote() for t in trainers])
+        metrics["perf/handoff_to_train_time"] = handoff = time.monotonic() - started
+    metrics.update(ray.get([t.train.remote(rollout_id, samples) for t in trainers])[0])
+    metrics["perf/actor_train_time"] = time.monotonic() - started - handoff
+    if shares_gpus:
+        back = time.monotonic()
+        ray.get([t.release_memory.remote(keep_weights=sync_version is not None) for t in trainers])
+        ray.get(rollout.resume_memory.remote(["weights"]))
+        handoff = time.monotonic() - back
+    if sync_version is not None:
+        if in_flight is not None:
+            ray.wait([in_flight], num_returns=1)
+        sync_start = time.monotonic()
+        report = ray.get(rollout.update_weights.remote(str(sync_version)))
+        metrics["perf/update_weights_time"] = time.monotonic() - sync_start
+        metrics["perf/update_weights_push_time"] = report["seconds"]
+        metrics["perf/update_weights_bytes"] = float(report["bytes_per_engine"])
+    if shares_gpus:
+        back = time.monotonic()
+        if sync_version is not None:
+            ray.get([t.release_memory.remote() for t in trainers])
+        ray.get(rollout.resume_memory.remote(["kv_cache", "cuda_graph"]))
+        metrics["perf/handoff_to_rollout_time"] = handoff + time.monotonic() - back
+    return metrics
+
+
+def _weight_pushers(spec, topology) -> tuple[list[int], str]:
+    """Which trainer rank pushes to engine j, and the transport: for `tensor` the rank on the
+    engine's GPU (its bundle), otherwise rank 0."""
+    from rlkube_runtime.topology import weight_sync_transport
+
+    transport = weight_sync_transport(
+        str(getattr(spec.training.update_weights_transport, "value", spec.training.update_weights_transport)),
+        placement=topology.placement,
+        device=topology.device,
+        engine=str(getattr(spec.rollout.engine, "value", spec.rollout.engine)),
+        gpus_per_engine=spec.rollout.gpus_per_engine,
+    )
+    owners = []
+    for bundle in topology.engine_bundles:
+        shares = transport == "tensor" and bundle in topology.trainer_bundles
+        owners.append(topology.trainer_bundles.index(bundle) if shares else 0)
+    return owners, transport
 
 
 def _log_trained_samples(out: Path, rollout_id: int, samples: list[dict[str, Any]]) -> None:

@@ -50,6 +50,9 @@ PROMETHEUS_GAUGES: dict[str, PromSeries] = {
     "perf/rollout_time": PromSeries("rlkube_rollout_seconds", "Seconds spent generating the last rollout."),
     "perf/actor_train_time": PromSeries("rlkube_train_seconds", "Seconds spent training on the last rollout."),
     "perf/update_weights_time": PromSeries("rlkube_weight_sync_seconds", "Seconds of the last weight sync."),
+    "perf/update_weights_bytes": PromSeries(
+        "rlkube_weight_sync_bytes", "Tensor bytes the last weight sync moved to each engine (rollout dtype, tied tensors once)."
+    ),
     "perf/step_time": PromSeries("rlkube_step_seconds", "Seconds of the last whole rollout step."),
     "perf/tokens_per_sec": PromSeries("rlkube_rollout_tokens_per_second", "Generated tokens per second."),
     "progress/rollout": PromSeries("rlkube_rollout_id", "Id of the last finished rollout."),

@@ -83,6 +83,7 @@ class TrainerWorker:
         )
         self.backend = TorchBackend(self.config, device=device if device == "cpu" else None)
         self.rank = rank
+        self._sender = None  # a weight_sync.WeightSender, made at the first push
 
     def ready(self) -> bool:
         return True
@@ -129,12 +130,26 @@ class TrainerWorker:
     def export_weights(self) -> dict[str, torch.Tensor]:
         return self.backend.export_weights()
 
-    def export_encoded_weights(self) -> str:
-        """The weights in the built-in engine's `rlkube_safetensors` format, encoded once here for
-        every engine. Ray also moves one string in about half the time of a dict of tensors."""
-        from rlkube_runtime.engine.weights import encode_named_tensors
+    def push_weights(self, urls: list[str], transport: str, version: str, disk_dir: str | None = None) -> dict[str, Any]:
+        """Load this rank's weights into the engines at `urls` (paused and flushed by the rollout
+        manager); returns the `weight_sync.SyncReport` as a dict."""
+        return dataclasses.asdict(self._weight_sender().push(urls, transport=transport, version=version, disk_dir=disk_dir))
 
-        return encode_named_tensors(self.backend.export_weights())
+    def _weight_sender(self):
+        if self._sender is None:
+            from rlkube_runtime.topology import engine_dtype
+            from rlkube_runtime.weight_sync import WeightSender
+
+            self._sender = WeightSender(
+                self.backend.model,
+                dtype=getattr(torch, engine_dtype(_value(self.spec.model.dtype), self.backend.device.type)),
+                bucket_bytes=self.spec.training.update_weight_buffer_mb << 20,
+                device=self.backend.device,
+                node_ip=_node_ip(),
+                save_hf=self.save_hf,
+                engine_ranks=self.spec.rollout.gpus_per_engine if self.backend.device.type == "cuda" else 1,
+            )
+        return self._sender
 
     def save_hf(self, directory: str) -> str:
         return str(self.backend.save_hf(directory))
@@ -154,8 +169,8 @@ class TrainerWorker:
         if rng is not None:
             restore_rng_state(rng)
 
-    def release_memory(self) -> None:
-        self.backend.release_memory()
+    def release_memory(self, keep_weights: bool = False) -> None:
+        self.backend.release_memory(keep_weights=keep_weights)
 
     def resume_memory(self) -> None:
         self.backend.resume_memory()
@@ -180,6 +195,18 @@ def logprob_abs_diff(trainer: list[torch.Tensor], engine: list[torch.Tensor], ma
     total = sum(float(((t - e).abs() * m).sum()) for t, e, m in zip(trainer, engine, masks))
     count = sum(float(m.sum()) for m in masks)
     return total / count if count else 0.0
+
+
+def _node_ip() -> str:
+    """This rank's address as other nodes reach it (an engine joining a weight-sync group)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
 
 
 def _value(field: Any) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlkube_runtime.engine import protocol, weights
+from rlkube_runtime.engine import protocol, weight_groups, weights
 from rlkube_runtime.engine.hf_runner import HFRunner
 from rlkube_runtime.engine.protocol import GenerateItem, ProtocolError
 from rlkube_runtime.engine.sampling import uniform_stream
@@ -70,6 +70,7 @@ class Engine:
         )
         self.scheduler.weight_version = config.weight_version
         self._offload = weights.WeightOffload()
+        self._groups: dict[str, Any] = {}  # /init_weights_update_group's process groups by name
         self._started_at = time.time()
 
     @classmethod
@@ -191,9 +192,46 @@ class Engine:
 
     async def update_weights_from_tensor(self, body: Any) -> dict[str, Any]:
         update = protocol.parse_update_from_tensor(body)
-        tensors = await asyncio.to_thread(weights.decode_named_tensors, update.serialized)
-        count = await self._run(lambda: self._apply(tensors, "serialized_named_tensors", update.weight_version))
+        field = "serialized_named_tensors"
+        if update.load_format == protocol.RLKUBE_LOAD_FORMAT:
+            tensors, offsets = await asyncio.to_thread(weights.decode_named_tensors, update.serialized)
+            count = await self._run(lambda: self._apply(tensors, field, update.weight_version, offsets))
+        else:
+            # Handles to the sender's memory: opened, copied from and dropped in the loop thread.
+            def load_shared() -> int:
+                pairs = weights.decode_shared_named_tensors(update.serialized)
+                return self._apply(dict(pairs), field, update.weight_version)
+
+            count = await self._run(load_shared)
         return {"success": True, "message": f"Updated {count} tensors. Weight version {self.weight_version}."}
+
+    async def init_weights_update_group(self, body: Any) -> dict[str, Any]:
+        spec = protocol.parse_init_weights_update_group(body)
+        group = await asyncio.to_thread(weight_groups.open_group, spec, self.scheduler.device)
+        self._groups[spec.group_name] = group
+        return {"success": True, "message": f"Joined weight update group {spec.group_name!r} as rank {spec.rank_offset}."}
+
+    async def update_weights_from_distributed(self, body: Any) -> dict[str, Any]:
+        update = protocol.parse_update_from_distributed(body)
+        group = self._groups.get(update.group_name)
+        if group is None:
+            raise ProtocolError("group_name", f"no weight update group {update.group_name!r}; call /init_weights_update_group first")
+
+        def receive() -> int:
+            self._check_weights_resident("names")
+            count = weight_groups.receive_into_model(self.model, group, update)
+            if update.weight_version is not None:
+                self.scheduler.weight_version = update.weight_version
+            return count
+
+        count = await self._run(receive)
+        return {"success": True, "message": f"Updated {count} tensors. Weight version {self.weight_version}."}
+
+    async def destroy_weights_update_group(self, body: Any) -> dict[str, Any]:
+        name = protocol.parse_group_name(body)
+        if self._groups.pop(name, None) is None:
+            raise ProtocolError("group_name", f"no weight update group {name!r}")
+        return {"success": True, "message": f"Left weight update group {name!r}."}
 
     async def update_weights_from_disk(self, body: Any) -> dict[str, Any]:
         model_path, version = protocol.parse_update_from_disk(body)
@@ -206,13 +244,16 @@ class Engine:
             "num_paused_requests": 0,
         }
 
-    def _apply(self, tensors: dict[str, torch.Tensor], field: str, version: str | None) -> int:
-        if "weights" in self.scheduler.released_tags:
-            raise ProtocolError(field, "the weights are released; call /resume_memory_occupation with tags ['weights'] first")
-        count = weights.copy_into_model(self.model, tensors, field=field)
+    def _apply(self, tensors: dict[str, torch.Tensor], field: str, version: str | None, row_offsets=None) -> int:
+        self._check_weights_resident(field)
+        count = weights.copy_into_model(self.model, tensors, field=field, row_offsets=row_offsets)
         if version is not None:
             self.scheduler.weight_version = version
         return count
+
+    def _check_weights_resident(self, field: str) -> None:
+        if "weights" in self.scheduler.released_tags:
+            raise ProtocolError(field, "the weights are released; call /resume_memory_occupation with tags ['weights'] first")
 
     async def release_memory(self, body: Any) -> dict[str, Any]:
         tags = protocol.parse_memory_tags(body)

@@ -57,6 +57,10 @@ _NEUTRAL_SAMPLING_FIELDS = {
 PAUSE_MODES = ("abort", "retract", "in_place")
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 RLKUBE_LOAD_FORMAT = "rlkube_safetensors"
+# SGLang's default /update_weights_from_tensor format: pickled (name, tensor) handles.
+SHARED_LOAD_FORMATS = (None, "direct")
+GROUP_BACKENDS = ("nccl", "gloo")
+DEFAULT_GROUP_NAME = "weight_update_group"
 
 
 class ProtocolError(ValueError):
@@ -66,6 +70,10 @@ class ProtocolError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+    def __reduce__(self):
+        # Rebuilt from its fields, so it crosses process boundaries (Ray) intact.
+        return type(self), (self.field, self.message)
 
 
 def error_envelope(message: str, *, status: int, field: str | None = None) -> dict[str, Any]:
@@ -194,6 +202,7 @@ def parse_memory_tags(body: Any) -> tuple[str, ...]:
 @dataclasses.dataclass(frozen=True)
 class TensorUpdate:
     serialized: str
+    load_format: str | None  # RLKUBE_LOAD_FORMAT, or one of SHARED_LOAD_FORMATS
     flush_cache: bool
     weight_version: str | None
 
@@ -201,12 +210,15 @@ class TensorUpdate:
 def parse_update_from_tensor(body: Any) -> TensorUpdate:
     body = _require_object(body, "body")
     load_format = body.get("load_format")
-    if load_format != RLKUBE_LOAD_FORMAT:
+    if load_format != RLKUBE_LOAD_FORMAT and load_format not in SHARED_LOAD_FORMATS:
         raise ProtocolError(
             "load_format",
-            f"the built-in engine reads only {RLKUBE_LOAD_FORMAT!r} (base64 safetensors bytes, made by "
-            f"rlkube_runtime.engine.weights.encode_named_tensors), got {load_format!r}",
+            f"the built-in engine reads {RLKUBE_LOAD_FORMAT!r} (base64 safetensors bytes, made by "
+            "rlkube_runtime.engine.weights.encode_named_tensors) or SGLang's default, null or 'direct' (pickled "
+            f"(name, tensor) handles on this machine), got {load_format!r}",
         )
+    _check_neutral_fields(body, {"abort_all_requests": False},
+                          known={"serialized_named_tensors", "load_format", "flush_cache", "weight_version"})
     tensors = body.get("serialized_named_tensors")
     if not isinstance(tensors, list) or len(tensors) != 1 or not isinstance(tensors[0], str):
         shape = f"a list of {len(tensors)}" if isinstance(tensors, list) else type(tensors).__name__
@@ -216,9 +228,87 @@ def parse_update_from_tensor(body: Any) -> TensorUpdate:
         )
     return TensorUpdate(
         serialized=tensors[0],
+        load_format=load_format,
         flush_cache=_parse_bool(body.get("flush_cache", True), "flush_cache"),
         weight_version=_parse_optional_version(body.get("weight_version")),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+    """/init_weights_update_group: join rank 0's group as rank `rank_offset`."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str
+    backend: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedUpdate:
+    """/update_weights_from_distributed: the tensors rank 0 broadcasts, in this order."""
+
+    names: tuple[str, ...]
+    dtypes: tuple[Any, ...]  # torch.dtype
+    shapes: tuple[tuple[int, ...], ...]
+    group_name: str
+    weight_version: str | None
+
+
+def parse_init_weights_update_group(body: Any) -> GroupSpec:
+    body = _require_object(body, "body")
+    _check_neutral_fields(body, {}, known={"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"})
+    address = body.get("master_address")
+    if not isinstance(address, str) or not address:
+        raise ProtocolError("master_address", f"must be the host name or IP of rank 0, got {address!r}")
+    port = _integer(body.get("master_port"), "master_port", low=1)
+    world_size = _integer(body.get("world_size"), "world_size", low=2)
+    rank_offset = _integer(body.get("rank_offset"), "rank_offset", low=1)
+    if rank_offset >= world_size:
+        raise ProtocolError("rank_offset", f"must be below world_size ({world_size}): this engine has one rank, got {rank_offset}")
+    backend = body.get("backend") or "nccl"
+    if backend not in GROUP_BACKENDS:
+        raise ProtocolError("backend", f"must be one of {list(GROUP_BACKENDS)}, got {backend!r}")
+    return GroupSpec(master_address=address, master_port=port, rank_offset=rank_offset, world_size=world_size,
+                     group_name=_group_name(body), backend=backend)
+
+
+def parse_update_from_distributed(body: Any) -> DistributedUpdate:
+    import torch  # dtype names resolve against torch; the rest of this module needs no torch
+
+    body = _require_object(body, "body")
+    _check_neutral_fields(body, {"abort_all_requests": False, "load_format": None},
+                          known={"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version"})
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ProtocolError("names", f"must be a non-empty list of tensor names, got {_describe(names)}")
+    for field, value in (("dtypes", dtypes), ("shapes", shapes)):
+        if not isinstance(value, list) or len(value) != len(names):
+            raise ProtocolError(field, f"must be a list with one entry per name ({len(names)}), got {_describe(value)}")
+    parsed_dtypes = []
+    for i, dtype in enumerate(dtypes):
+        found = getattr(torch, str(dtype).removeprefix("torch."), None) if isinstance(dtype, str) else None
+        if not isinstance(found, torch.dtype):
+            raise ProtocolError(f"dtypes[{i}]", f"must name a torch dtype such as 'bfloat16', got {dtype!r}")
+        parsed_dtypes.append(found)
+    for i, shape in enumerate(shapes):
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise ProtocolError(f"shapes[{i}]", f"must be a list of sizes, got {_describe(shape)}")
+    return DistributedUpdate(names=tuple(names), dtypes=tuple(parsed_dtypes), shapes=tuple(tuple(s) for s in shapes),
+                             group_name=_group_name(body), weight_version=_parse_optional_version(body.get("weight_version")))
+
+
+def parse_group_name(body: Any) -> str:
+    return _group_name(_require_object(body or {}, "body"))
+
+
+def _group_name(body: dict[str, Any]) -> str:
+    name = body.get("group_name") or DEFAULT_GROUP_NAME
+    if not isinstance(name, str):
+        raise ProtocolError("group_name", f"must be a string, got {name!r}")
+    return name
 
 
 def parse_update_from_disk(body: Any) -> tuple[str, str | None]:

@@ -102,6 +102,21 @@ async def update_weights_from_tensor(request: web.Request) -> web.Response:
     return web.json_response(await _engine(request).update_weights_from_tensor(await _body(request)))
 
 
+@routes.post("/init_weights_update_group")
+async def init_weights_update_group(request: web.Request) -> web.Response:
+    return web.json_response(await _engine(request).init_weights_update_group(await _body(request)))
+
+
+@routes.post("/update_weights_from_distributed")
+async def update_weights_from_distributed(request: web.Request) -> web.Response:
+    return web.json_response(await _engine(request).update_weights_from_distributed(await _body(request)))
+
+
+@routes.post("/destroy_weights_update_group")
+async def destroy_weights_update_group(request: web.Request) -> web.Response:
+    return web.json_response(await _engine(request).destroy_weights_update_group(await _body(request)))
+
+
 @routes.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     return web.json_response(await _engine(request).update_weights_from_disk(await _body(request)))

@@ -1,38 +1,94 @@
 """Moving weights in and out of the built-in engine's model.
 
-`encode_named_tensors` / `decode_named_tensors` define the `rlkube_safetensors` load format of
-/update_weights_from_tensor: base64 of the safetensors bytes of a name→tensor dict. Any subset of
-the state dict may be sent; names and shapes are checked against the model before anything is
-copied, so a bad update changes nothing.
+Two `serialized_named_tensors` formats of /update_weights_from_tensor:
+- `rlkube_safetensors` (`encode_named_tensors` / `decode_named_tensors`): base64 of the
+  safetensors bytes of a name→tensor dict, the bytes themselves in the request. A piece may be
+  a block of rows of a larger tensor (its first row in the header's `rlkube_row_offsets`), so
+  one request never has to hold a whole embedding matrix.
+- SGLang's default (load_format null or "direct"): base64 of a `ForkingPickler` dump of a list
+  of (name, tensor) pairs. The tensors travel as handles, not bytes: CUDA IPC handles on a GPU,
+  shared-memory file descriptors on a CPU, so sender and engine must share the machine (and the
+  GPU). `decode_shared_named_tensors` unpickles only what such a dump contains.
+
+Any subset of the state dict may be sent; names and shapes are checked against the model before
+anything is copied, so a bad update changes nothing.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import io
+import json
 import pathlib
+import pickle
+from collections.abc import Mapping
 
 import torch
 from safetensors.torch import load, load_file, save
 
 from rlkube_runtime.engine.protocol import ProtocolError
 
+ROW_OFFSETS_KEY = "rlkube_row_offsets"
 
-def encode_named_tensors(tensors: dict[str, torch.Tensor]) -> str:
-    """One `serialized_named_tensors` entry for the built-in engine (tensors go through the CPU)."""
+
+def encode_named_tensors(tensors: Mapping[str, torch.Tensor], row_offsets: Mapping[str, int] | None = None) -> str:
+    """One `rlkube_safetensors` entry (tensors go through the CPU). `row_offsets[name]`: the
+    tensor is rows [offset, offset + len) of the model's tensor of that name."""
     cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    return base64.b64encode(save(cpu)).decode("ascii")
+    metadata = {ROW_OFFSETS_KEY: json.dumps(dict(row_offsets))} if row_offsets else None
+    return base64.b64encode(save(cpu, metadata=metadata)).decode("ascii")
 
 
-def decode_named_tensors(serialized: str) -> dict[str, torch.Tensor]:
+def decode_named_tensors(serialized: str) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """(tensors, row offsets of the pieces that are blocks of rows)."""
     try:
         raw = base64.b64decode(serialized, validate=True)
     except (binascii.Error, ValueError) as err:
         raise ProtocolError("serialized_named_tensors[0]", f"is not valid base64: {err}") from None
     try:
-        return load(raw)
+        tensors = load(raw)
+        header_len = int.from_bytes(raw[:8], "little")
+        metadata = json.loads(raw[8 : 8 + header_len]).get("__metadata__") or {}
+        offsets = json.loads(metadata.get(ROW_OFFSETS_KEY, "{}"))
     except Exception as err:  # safetensors raises several error types on bad bytes
         raise ProtocolError("serialized_named_tensors[0]", f"is not safetensors data: {err}") from None
+    return tensors, {str(k): int(v) for k, v in offsets.items()}
+
+
+# What a ForkingPickler dump of (name, tensor) pairs refers to; nothing else is unpickled.
+_SHARED_TENSOR_GLOBALS = {
+    ("torch.multiprocessing.reductions", name)
+    for name in ("rebuild_tensor", "rebuild_cuda_tensor", "rebuild_typed_storage", "rebuild_typed_storage_child",
+                 "rebuild_storage_fd", "rebuild_storage_filename", "rebuild_storage_empty")
+} | {("torch", "Tensor"), ("torch", "Size"), ("torch", "device"), ("torch.storage", "UntypedStorage"),
+     ("torch.storage", "TypedStorage"), ("torch.nn.parameter", "Parameter"), ("multiprocessing.resource_sharer", "DupFd"),
+     ("collections", "OrderedDict")}
+
+
+class _SharedTensorUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _SHARED_TENSOR_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a tensor handle")
+
+
+def decode_shared_named_tensors(serialized: str) -> list[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of SGLang's default format; the tensors are the sender's memory."""
+    field = "serialized_named_tensors[0]"
+    try:
+        raw = base64.b64decode(serialized, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise ProtocolError(field, f"is not valid base64: {err}") from None
+    try:
+        pairs = _SharedTensorUnpickler(io.BytesIO(raw)).load()
+    except Exception as err:  # a bad pickle, a refused global, or a handle this process cannot open
+        raise ProtocolError(field, f"is not a list of (name, tensor) handles this engine can open: {err}") from None
+    if not isinstance(pairs, list) or not all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], torch.Tensor) for p in pairs
+    ):
+        raise ProtocolError(field, "must hold a list of (name, tensor) pairs")
+    return [(name, tensor) for name, tensor in pairs]
 
 
 def load_checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
@@ -47,25 +103,41 @@ def load_checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def copy_into_model(model: torch.nn.Module, tensors: dict[str, torch.Tensor], *, field: str) -> int:
-    """Copy `tensors` into the model's parameters and buffers of the same names.
+def copy_into_model(
+    model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], *, field: str, row_offsets: Mapping[str, int] | None = None
+) -> int:
+    """Copy `tensors` into the model's parameters and buffers of the same names (a name in
+    `row_offsets` fills rows [offset, offset + len) only).
 
     Everything is validated first (unknown names, shape mismatches), so an invalid update leaves
     the model untouched. Returns how many tensors were copied.
     """
+    offsets = row_offsets or {}
     targets = model.state_dict(keep_vars=True)
     unknown = sorted(set(tensors) - set(targets))
     if unknown:
         sample = ", ".join(sorted(targets)[:4])
         raise ProtocolError(field, f"unknown tensor names {unknown[:5]} (the model has e.g. {sample})")
     for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(targets[name].shape):
-            raise ProtocolError(
-                field, f"tensor {name!r} has shape {list(tensor.shape)}, the model expects {list(targets[name].shape)}"
-            )
+        expected = list(targets[name].shape)
+        if name in offsets:
+            start = offsets[name]
+            if tensor.dim() == 0 or list(tensor.shape[1:]) != expected[1:] or not 0 <= start <= expected[0] - tensor.shape[0]:
+                raise ProtocolError(
+                    field, f"tensor {name!r}: rows [{start}, {start + (tensor.shape[0] if tensor.dim() else 0)}) of shape "
+                    f"{list(tensor.shape)} do not fit the model's {expected}"
+                )
+        elif list(tensor.shape) != expected:
+            raise ProtocolError(field, f"tensor {name!r} has shape {list(tensor.shape)}, the model expects {expected}")
     with torch.no_grad():
         for name, tensor in tensors.items():
-            targets[name].data.copy_(tensor.to(device=targets[name].device, dtype=targets[name].dtype))
+            target = targets[name].data
+            if name in offsets:
+                target = target[offsets[name] : offsets[name] + tensor.shape[0]]
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype), non_blocking=True)
+    if any(targets[name].device.type == "cuda" for name in tensors):
+        # The sender may reuse (or free) its buffers once the engine answers.
+        torch.cuda.synchronize()
     return len(tensors)
 
 

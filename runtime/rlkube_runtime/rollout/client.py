@@ -35,6 +35,11 @@ class EngineHTTPError(RuntimeError):
         self.message = message
         self.url = url
 
+    def __reduce__(self):
+        # Rebuilt from its fields: Ray pickles an actor's exception to hand it to the caller, and
+        # the default (the formatted message as the only argument) cannot call this __init__.
+        return type(self), (self.status, self.message, self.url)
+
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +183,10 @@ class RolloutClient:
 class EngineAdmin:
     """The control API of one engine (an SGLang server or the built-in engine).
 
-    Weight sync in the order slime uses: `pause_generation()`, `flush_cache()`,
-    `update_weights_from_tensors(...)` or `update_weights_from_disk(...)`, `continue_generation()`,
-    then `get_weight_version()` to confirm.
+    Weight sync in the order slime uses: `pause_generation()`, `flush_cache()`, the updates
+    (`update_weights_from_tensor`, `..._from_distributed` after `init_weights_update_group`, or
+    `..._from_disk`; `rlkube_runtime.weight_sync` sends them), `continue_generation()`, then
+    `get_weight_version()` to confirm.
     """
 
     def __init__(self, url: str, *, timeout: float = 600.0, connect_timeout_s: float = 10.0, max_attempts: int = 3):
@@ -219,21 +225,41 @@ class EngineAdmin:
     async def update_weights_from_tensors(
         self, tensors: Mapping[str, Any], *, version: str | None = None, flush_cache: bool = True
     ) -> dict[str, Any]:
-        """Push `name → tensor` (any subset of the state dict) in the built-in engine's
-        `rlkube_safetensors` format. SGLang servers do not read that format; update them from disk."""
+        """Push `name → tensor` (any subset of the state dict) as bytes, in the built-in engine's
+        `rlkube_safetensors` format (a small-update helper; runs push through `weight_sync`)."""
         from rlkube_runtime.engine.weights import encode_named_tensors
 
         payload = await asyncio.to_thread(encode_named_tensors, dict(tensors))
-        return await self.update_weights_from_encoded(payload, version=version, flush_cache=flush_cache)
+        return await self.update_weights_from_tensor([payload], load_format="rlkube_safetensors", version=version,
+                                                     flush_cache=flush_cache)
 
-    async def update_weights_from_encoded(
-        self, payload: str, *, version: str | None = None, flush_cache: bool = True
+    async def update_weights_from_tensor(
+        self, serialized: Sequence[str], *, load_format: str | None, version: str | None = None, flush_cache: bool = True
     ) -> dict[str, Any]:
-        """`update_weights_from_tensors` with the tensors already encoded by
-        `rlkube_runtime.engine.weights.encode_named_tensors`: encode once, push to every engine."""
-        body = {"serialized_named_tensors": [payload], "load_format": "rlkube_safetensors", "flush_cache": flush_cache,
+        """SGLang's /update_weights_from_tensor: one serialized entry per tensor-parallel rank."""
+        body = {"serialized_named_tensors": list(serialized), "load_format": load_format, "flush_cache": flush_cache,
                 "weight_version": version}
         return await self._http.request("POST", "/update_weights_from_tensor", body)
+
+    async def init_weights_update_group(
+        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> dict[str, Any]:
+        """Join rank 0's process group for /update_weights_from_distributed."""
+        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+                "world_size": world_size, "group_name": group_name, "backend": backend}
+        return await self._http.request("POST", "/init_weights_update_group", body)
+
+    async def update_weights_from_distributed(
+        self, *, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], group_name: str,
+        version: str | None = None, flush_cache: bool = True,
+    ) -> dict[str, Any]:
+        """Receive these tensors, in this order, from rank 0's broadcasts in `group_name`."""
+        body = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes], "group_name": group_name,
+                "flush_cache": flush_cache, "weight_version": version}
+        return await self._http.request("POST", "/update_weights_from_distributed", body)
+
+    async def destroy_weights_update_group(self, group_name: str) -> dict[str, Any]:
+        return await self._http.request("POST", "/destroy_weights_update_group", {"group_name": group_name})
 
     async def update_weights_from_disk(self, model_path: str, *, version: str | None = None) -> dict[str, Any]:
         """Load an HF checkpoint directory the engine can read (same architecture)."""

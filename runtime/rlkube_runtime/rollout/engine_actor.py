@@ -22,6 +22,7 @@ class EngineActor:
         seed: int,
         device: str,
         gpus_per_engine: int = 1,
+        dtype: str = "float32",
         sglang_args: dict[str, Any] | None = None,
     ):
         self.engine = engine
@@ -31,6 +32,7 @@ class EngineActor:
         self.seed = seed
         self.device = device
         self.gpus_per_engine = gpus_per_engine
+        self.dtype = dtype
         self.sglang_args = sglang_args or {}
         self._process = None
         self._restarts = 0
@@ -38,11 +40,11 @@ class EngineActor:
     def start(self) -> str:
         from rlkube_runtime.rollout.launch import start_engine
 
-        engine_args = {}
+        engine_args: dict[str, Any] = {"dtype": self.dtype}
         if self.engine == "builtin" and self.device == "cpu":
             # The engine shares the machine with the trainer: one thread each keeps them from
             # fighting over the cores.
-            engine_args = {"num-threads": 1}
+            engine_args["num-threads"] = 1
         self._process = start_engine(
             kind=self.engine,
             model_path=self.model_path,

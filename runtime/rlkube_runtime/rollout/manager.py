@@ -27,6 +27,7 @@ from rlkube_runtime.rollout.generate import (
     generate_sample,
 )
 from rlkube_runtime.spec import RLJobSpec
+from rlkube_runtime.topology import engine_dtype
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,7 +62,12 @@ class RolloutManager:
         self._client = None
         self._data_states: dict[int, dict[str, Any]] = {}
         self._admins: dict[str, Any] = {}  # engine URL -> its EngineAdmin, kept for the run
-        self._latest_weights: tuple[str | None, str | None, str] | None = None  # (encoded tensors, path, version)
+        # Who pushes weights: trainer rank handles, which of them serves engine j, the transport.
+        self._pushers: list[Any] = []
+        self._pusher_of_engine: list[int] = []
+        self._transport = "http"
+        self._disk_dir: str | None = None
+        self._synced_version: str | None = None  # what every engine holds since the last sync
         self._restarts_total = 0
         self._restarts_unreported = 0
         self._health_task: asyncio.Task | None = None
@@ -167,6 +173,7 @@ class RolloutManager:
                     seed=spec.training.seed + j,
                     device=self._device,
                     gpus_per_engine=spec.rollout.gpus_per_engine,
+                    dtype=engine_dtype(_value(spec.model.dtype), self._device),
                     sglang_args=dict(spec.rollout.sglang_args),
                 )
             )
@@ -237,45 +244,74 @@ class RolloutManager:
 
     # -- weights --------------------------------------------------------------------------
 
-    async def update_weights(self, *, encoded_tensors: str | None, path: str | None, version: str) -> None:
-        """Pause, flush, load (tensors encoded by `engine.weights.encode_named_tensors`, or an HF
-        directory), resume, on every engine at once."""
+    async def set_weight_pushers(
+        self, pushers: list[Any], pusher_of_engine: list[int], transport: str, disk_dir: str | None = None
+    ) -> None:
+        """The trainer ranks (Ray handles) that push weights, which one serves engine j (the rank
+        sharing its GPU for `tensor`, rank 0 otherwise), and the `weight_sync` transport."""
+        self._pushers, self._pusher_of_engine = list(pushers), list(pusher_of_engine)
+        self._transport, self._disk_dir = transport, disk_dir
+
+    async def update_weights(self, version: str) -> dict[str, Any]:
+        """Pause and flush every engine, have the trainer push its weights, resume, and check that
+        each engine reports `version`. An engine that fails on the way is replaced (and given the
+        weights) before it rejoins. Returns the push's figures (bytes and seconds per engine)."""
         self._raise_if_failed()
         async with self._lock:
-            self._latest_weights = (encoded_tensors, path, version)
-            results = await asyncio.gather(
-                *(self._push_weights(url, encoded_tensors, path, version) for url in self._urls),
-                return_exceptions=True,
-            )
-            for j, result in enumerate(results):
-                if isinstance(result, BaseException):
-                    if not _engine_unreachable(result):
-                        raise result
-                    # The engine died since the last health check: replace it now; the
-                    # replacement gets these weights before it joins the router.
-                    log.warning("engine %s did not take weights version %s (%s); replacing it", self._urls[j], version, result)
-                    await self._replace_engine_locked(j)
+            urls = list(self._urls)
+            paused = await asyncio.gather(*(self._pause(url) for url in urls), return_exceptions=True)
+            dead = {j for j, result in enumerate(paused) if isinstance(result, BaseException)}
+            for j in dead:
+                if not _engine_unreachable(paused[j]):
+                    raise paused[j]
+            report = await self._push(version, [j for j in range(len(urls)) if j not in dead])
+            for j in sorted(dead | {urls.index(url) for url in report["failed"]}):
+                # The engine died since the last health check: replace it now; the replacement
+                # gets these weights before it joins the router.
+                log.warning("engine %s did not take weights version %s; replacing it", urls[j], version)
+                self._synced_version = version
+                await self._replace_engine_locked(j)
+            await asyncio.gather(*(self._resume_and_check(url, version) for url in self._urls))
+            self._synced_version = version
+            return report
 
-    async def _push_weights(self, url: str, payload: str | None, path: str | None, version: str) -> None:
+    async def _pause(self, url: str) -> None:
         admin = self._admin(url)
         await admin.pause_generation()
         await admin.flush_cache()
-        if payload is not None:
-            await admin.update_weights_from_encoded(payload, version=version)
-        else:
-            await admin.update_weights_from_disk(path, version=version)
+
+    async def _resume_and_check(self, url: str, version: str) -> None:
+        admin = self._admin(url)
         await admin.continue_generation()
         got = await admin.get_weight_version()
         if got != version:
             raise RuntimeError(f"engine {url} reports weight version {got!r} after loading {version!r}")
 
-    async def release_memory(self) -> None:
-        for url in self._urls:
-            await self._admin(url).release_memory_occupation()
+    async def _push(self, version: str, engines: list[int], urls: dict[int, str] | None = None) -> dict[str, Any]:
+        """Push `version` (the trainer's current weights) to these engines, each from its pusher
+        rank; the reports merged: the slowest rank's seconds, failed engine URLs."""
+        urls = urls or {j: self._urls[j] for j in engines}
+        by_pusher: dict[int, list[str]] = {}
+        for j in engines:
+            by_pusher.setdefault(self._pusher_of_engine[j], []).append(urls[j])
+        reports = await asyncio.gather(*(
+            self._pushers[rank].push_weights.remote(targets, self._transport, version, self._disk_dir)
+            for rank, targets in by_pusher.items()
+        ))
+        merged = {"transport": self._transport, "bytes_per_engine": 0, "seconds": 0.0, "requests_per_engine": 0, "failed": {}}
+        for report in reports:
+            merged["bytes_per_engine"] = max(merged["bytes_per_engine"], report["bytes_per_engine"])
+            merged["requests_per_engine"] = max(merged["requests_per_engine"], report["requests_per_engine"])
+            merged["seconds"] = max(merged["seconds"], report["seconds"])
+            merged["failed"].update(report["failed"])
+        return merged
 
-    async def resume_memory(self) -> None:
-        for url in self._urls:
-            await self._admin(url).resume_memory_occupation()
+    async def release_memory(self, tags: list[str] | None = None) -> None:
+        """Every engine frees `tags` (weights, kv_cache, cuda_graph; default all) until resumed."""
+        await asyncio.gather(*(self._admin(url).release_memory_occupation(tags) for url in self._urls))
+
+    async def resume_memory(self, tags: list[str] | None = None) -> None:
+        await asyncio.gather(*(self._admin(url).resume_memory_occupation(tags) for url in self._urls))
 
     def _admin(self, url: str):
         """The engine's control client: one per engine for the run, so one connection pool and
@@ -336,8 +372,9 @@ class RolloutManager:
 
     async def _replace_engine_locked(self, j: int) -> None:
         """Deregister engine j, start it again (each attempt counts as a restart: a replacement
-        can fail too, e.g. when its fresh port was taken meanwhile), give it the current weights,
-        register it."""
+        can fail too, e.g. when its fresh port was taken meanwhile), give it the weights of the
+        last sync (pushed by the trainer; a replacement during a train phase waits for the phase
+        and gets the trainer's weights as they are then), register it."""
         old = self._urls[j]
         await asyncio.to_thread(self._router.remove_worker, old)
         if old in self._admins:
@@ -346,9 +383,12 @@ class RolloutManager:
             self._count_restart(j)
             try:
                 new = await self._engines[j].restart.remote()
-                if self._latest_weights is not None:
-                    payload, path, version = self._latest_weights
-                    await self._push_weights(new, payload, path, version)
+                if self._synced_version is not None:
+                    await self._pause(new)
+                    report = await self._push(self._synced_version, [j], urls={j: new})
+                    if report["failed"]:
+                        raise RuntimeError(f"the replacement did not take the weights: {report['failed'][new]}")
+                    await self._resume_and_check(new, self._synced_version)
                 break
             except Exception as err:  # the next attempt stops whatever this one left running
                 log.warning("engine %d: replacement %d failed: %s", j, self._restarts_total, err)

@@ -70,5 +70,20 @@ class TrainingSpec(SpecModel):
     update_weights_interval: int = Field(
         default=1, ge=1, description="Rollouts between weight syncs to the engines. Default 1, >= 1."
     )
+    update_weights_transport: Literal["auto", "tensor", "distributed", "http", "disk"] = Field(
+        default="auto",
+        description="How weight syncs reach the engines, in SGLang's API. tensor: CUDA IPC handles "
+        "(/update_weights_from_tensor; the engine shares the trainer's GPU, or its machine on a CPU). distributed: "
+        "a NCCL (gloo on a CPU) broadcast from trainer rank 0 (/update_weights_from_distributed). http: the bytes in "
+        "the requests (built-in engine only). disk: an HF directory on storage the engines share "
+        "(/update_weights_from_disk). auto (default): tensor when colocated, distributed when separate.",
+    )
+    update_weight_buffer_mb: int = Field(
+        default=128,
+        ge=1,
+        description="Weight syncs move the model in buckets of at most this many MiB of tensors (in the rollout "
+        "dtype): one request per bucket, each staging at most this much memory. Over http a bucket is a request "
+        "body (base64: 4/3 of it) and large tensors are split into blocks of rows. Default 128, >= 1.",
+    )
     optimizer: OptimizerSpec = section(OptimizerSpec, "Optimizer and learning-rate schedule. Default: Adam, lr 1e-6, constant.")
     seed: int = Field(default=1234, description="Seed of model initialisation, dropout and sampling on the trainer. Default 1234.")

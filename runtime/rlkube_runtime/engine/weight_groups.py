@@ -1,0 +1,77 @@
+"""Process groups a trainer opens to the engine for /update_weights_from_distributed (SGLang's API).
+
+Each group is a small world of its own: a TCPStore at the trainer's address and a
+ProcessGroupNCCL (or ProcessGroupGloo, on a CPU) built on it, outside any default process group.
+So a trainer can open one group per engine, and an engine that replaces a crashed one just gets
+a new group. The trainer is rank 0 and broadcasts every tensor of an update in the order of the
+request's `names`; the engine, rank `rank_offset`, receives them (into its parameters directly
+when dtype and shape match) and copies them into the model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import torch
+import torch.distributed as dist
+
+from rlkube_runtime.engine.protocol import DistributedUpdate, GroupSpec, ProtocolError
+
+log = logging.getLogger(__name__)
+
+GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def open_group(spec: GroupSpec, device: torch.device) -> dist.ProcessGroup:
+    """Join the group rank 0 created (blocks until its store answers)."""
+    if spec.backend == "nccl" and device.type != "cuda":
+        raise ProtocolError("backend", f"'nccl' needs a GPU; this engine runs on {device.type}: use 'gloo'")
+    store = dist.TCPStore(spec.master_address, spec.master_port, spec.world_size, False, timeout=GROUP_TIMEOUT)
+    if spec.backend == "nccl":
+        torch.cuda.set_device(device)
+        return dist.ProcessGroupNCCL(store, spec.rank_offset, spec.world_size, GROUP_TIMEOUT)
+    return dist.ProcessGroupGloo(store, spec.rank_offset, spec.world_size, GROUP_TIMEOUT)
+
+
+def receive_into_model(model: torch.nn.Module, group: dist.ProcessGroup, update: DistributedUpdate) -> int:
+    """Receive every tensor of `update` from rank 0 and copy it into the model.
+
+    The broadcasts are received even when the request does not fit the model (the sender is
+    already sending; leaving them unanswered would hang it), then the error is raised and the
+    model is left as it was.
+    """
+    targets = model.state_dict(keep_vars=True)
+    problem = _mismatch(targets, update)
+    device = next(model.parameters()).device
+    received: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    works = []
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    with torch.no_grad():
+        for name, dtype, shape in zip(update.names, update.dtypes, update.shapes):
+            target = None if problem else targets[name].data
+            direct = target is not None and target.dtype == dtype and target.is_contiguous()
+            buffer = target if direct else torch.empty(shape, dtype=dtype, device=device)
+            works.append(group.broadcast([buffer], options))
+            received.append((buffer, None if direct else target))
+        for work in works:
+            work.wait()
+        if problem:
+            raise ProtocolError("names", problem)
+        for buffer, target in received:
+            if target is not None:
+                target.copy_(buffer)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return len(update.names)
+
+
+def _mismatch(targets: dict[str, torch.Tensor], update: DistributedUpdate) -> str | None:
+    unknown = [n for n in update.names if n not in targets]
+    if unknown:
+        return f"unknown tensor names {unknown[:5]} (the model has e.g. {', '.join(sorted(targets)[:4])})"
+    for name, shape in zip(update.names, update.shapes):
+        if tuple(targets[name].shape) != tuple(shape):
+            return f"tensor {name!r} has shape {list(shape)}, the model expects {list(targets[name].shape)}"
+    return None

@@ -1,0 +1,329 @@
+"""Pushing a trainer rank's weights into rollout engines (SGLang servers or the built-in engine).
+
+Transports, each in SGLang's own API shapes so one sender drives either kind of engine:
+- `tensor`: /update_weights_from_tensor with SGLang's default format, pickled (name, tensor)
+  handles to a staging buffer: CUDA IPC on a GPU shared with the engine (colocated placement),
+  file-backed shared memory on a CPU. The engine copies straight out of the trainer's memory.
+- `distributed`: /init_weights_update_group once per engine (a two-rank NCCL group, or gloo on a
+  CPU), then per bucket /update_weights_from_distributed (names, dtypes, shapes) while this rank
+  broadcasts the same tensors (separate placement).
+- `http`: /update_weights_from_tensor with the `rlkube_safetensors` format: the bytes themselves,
+  one request per bucket, large tensors split into blocks of rows (built-in engines only).
+- `disk`: an HF directory on storage the engines share, then /update_weights_from_disk.
+
+Weights travel in the engines' dtype (bf16 from fp32 master weights halves the bytes), tied
+tensors once, in buckets of at most `bucket_bytes`. The engines are paused and flushed by the
+rollout manager before a push and resumed after it; the weight version is set with the last
+bucket, so an engine never reports a version it has only half loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import datetime
+import io
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing
+
+from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets, unique_named_tensors
+
+log = logging.getLogger(__name__)
+
+TRANSPORTS = ("tensor", "distributed", "http", "disk")
+GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@dataclasses.dataclass
+class SyncReport:
+    """What one push did: tensor bytes sent to each engine, seconds, requests per engine, and
+    the engines that failed (URL -> error), which the caller replaces."""
+
+    transport: str
+    bytes_per_engine: int = 0
+    seconds: float = 0.0
+    requests_per_engine: int = 0
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Group:
+    name: str
+    store: Any
+    group: Any
+
+
+class WeightSender:
+    """One per trainer rank that pushes weights; keeps its staging buffer and its process groups
+    (one per engine URL) for the run.
+
+    model: the trainer's module (weights on the training device or offloaded to the CPU).
+    device: where staging buffers live (the rank's GPU, or the CPU).
+    save_hf: writes an HF directory of the current weights (the `disk` transport).
+    engine_ranks: GPUs (tensor-parallel ranks) per engine; a `distributed` group has this rank
+    plus all of them.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        dtype: torch.dtype,
+        bucket_bytes: int,
+        device: torch.device,
+        node_ip: str = "127.0.0.1",
+        save_hf: Callable[[str], Any] | None = None,
+        engine_ranks: int = 1,
+    ):
+        self.model = model
+        self.dtype = dtype
+        self.bucket_bytes = bucket_bytes
+        self.device = torch.device(device)
+        self.node_ip = node_ip
+        self._save_hf = save_hf
+        self.engine_ranks = engine_ranks
+        self._groups: dict[str, _Group] = {}
+        self._staging: torch.Tensor | None = None
+
+    def push(self, urls: Sequence[str], *, transport: str, version: str, disk_dir: str | None = None) -> SyncReport:
+        """Load the current weights into every engine in `urls`; engines that fail are listed in
+        the report (their groups dropped) rather than stopping the others."""
+        if transport not in TRANSPORTS:
+            raise ValueError(f"weight-sync transport must be one of {list(TRANSPORTS)}, got {transport!r}")
+        started = time.monotonic()
+        report = SyncReport(transport=transport)
+        if transport == "disk":
+            asyncio.run(self._push_disk(list(urls), version, disk_dir, report))
+        else:
+            named = dict(unique_named_tensors(self.model))
+            split = transport == "http"
+            buckets = plan_buckets(
+                [(n, tuple(t.shape)) for n, t in named.items()],
+                itemsize=self.dtype.itemsize,
+                bucket_bytes=self.bucket_bytes,
+                split_rows=split,
+            )
+            report.bytes_per_engine = sum(p.nbytes for b in buckets for p in b)
+            report.requests_per_engine = len(buckets)
+            push = {"tensor": self._push_tensor, "distributed": self._push_distributed, "http": self._push_http}[transport]
+            asyncio.run(push(list(urls), named, buckets, version, report))
+        report.seconds = time.monotonic() - started
+        return report
+
+    def close(self) -> None:
+        for url in list(self._groups):
+            self._drop_group(url)
+
+    # ---- transports ----------------------------------------------------------------------
+
+    async def _push_http(self, urls, named, buckets, version, report: SyncReport) -> None:
+        from rlkube_runtime.engine.weights import encode_named_tensors
+
+        admins = _admins(urls)
+        try:
+            for i, bucket in enumerate(buckets):
+                tensors, offsets = {}, {}
+                for piece in bucket:
+                    tensors[piece.name] = self._cast(_piece_of(named[piece.name], piece), torch.device("cpu"))
+                    if piece.rows is not None:
+                        offsets[piece.name] = piece.rows[0]
+                payload = await asyncio.to_thread(encode_named_tensors, tensors, offsets)
+                last = i == len(buckets) - 1
+                live = [u for u in urls if u not in report.failed]
+                results = await asyncio.gather(
+                    *(admins[u].update_weights_from_tensor([payload], load_format="rlkube_safetensors",
+                                                            version=version if last else None, flush_cache=last)
+                      for u in live),
+                    return_exceptions=True,
+                )
+                _record_failures(live, results, report)
+        finally:
+            await _close(admins)
+
+    async def _push_tensor(self, urls, named, buckets, version, report: SyncReport) -> None:
+        from multiprocessing.reduction import ForkingPickler
+
+        admins = _admins(urls)
+        try:
+            for url in urls:
+                for i, bucket in enumerate(buckets):
+                    pairs = [(p.name, view) for p, view in self._stage(named, bucket)]
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    buffer = io.BytesIO()
+                    ForkingPickler(buffer).dump(pairs)  # handles, per engine: a CPU handle opens once
+                    payload = base64.b64encode(buffer.getvalue()).decode("ascii")
+                    last = i == len(buckets) - 1
+                    try:
+                        await admins[url].update_weights_from_tensor(
+                            [payload], load_format=None, version=version if last else None, flush_cache=last
+                        )
+                    except Exception as err:  # this engine failed; the others still get their weights
+                        report.failed[url] = f"{type(err).__name__}: {err}"
+                        break
+        finally:
+            await _close(admins)
+
+    async def _push_distributed(self, urls, named, buckets, version, report: SyncReport) -> None:
+        admins = _admins(urls)
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        try:
+            for url in urls:
+                try:
+                    group = await self._group(url, admins[url])
+                    for i, bucket in enumerate(buckets):
+                        staged = self._stage(named, bucket)
+                        last = i == len(buckets) - 1
+
+                        def broadcast(staged=staged) -> None:
+                            for work in [group.group.broadcast([view], options) for _, view in staged]:
+                                work.wait()
+
+                        await asyncio.gather(
+                            admins[url].update_weights_from_distributed(
+                                names=[p.name for p, _ in staged],
+                                dtypes=[str(view.dtype).removeprefix("torch.") for _, view in staged],
+                                shapes=[list(view.shape) for _, view in staged],
+                                group_name=group.name,
+                                version=version if last else None,
+                                flush_cache=last,
+                            ),
+                            asyncio.to_thread(broadcast),
+                        )
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                except Exception as err:  # this engine failed; its group is unusable now
+                    report.failed[url] = f"{type(err).__name__}: {err}"
+                    self._drop_group(url)
+        finally:
+            await _close(admins)
+
+    async def _push_disk(self, urls, version: str, disk_dir: str | None, report: SyncReport) -> None:
+        if self._save_hf is None or disk_dir is None:
+            raise ValueError("the disk transport needs save_hf and a directory the engines can read")
+        path = str(Path(disk_dir) / f"v{version}")
+        await asyncio.to_thread(self._save_hf, path)
+        report.bytes_per_engine = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+        report.requests_per_engine = 1
+        admins = _admins(urls)
+        try:
+            results = await asyncio.gather(
+                *(admins[u].update_weights_from_disk(path, version=version) for u in urls), return_exceptions=True
+            )
+            _record_failures(urls, results, report)
+        finally:
+            await _close(admins)
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    async def _group(self, url: str, admin) -> _Group:
+        """This engine's two-rank group, created on first use (rank 0 here, rank 1 there)."""
+        if url in self._groups:
+            return self._groups[url]
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        world = 1 + self.engine_ranks
+        # Port 0: the OS picks a free one, nothing can take it between choosing and binding.
+        store = dist.TCPStore(self.node_ip, 0, world, True, timeout=GROUP_TIMEOUT, wait_for_workers=False)
+        name = f"rlkube-{uuid.uuid4().hex[:12]}"
+
+        def make_group():
+            if backend == "nccl":
+                return dist.ProcessGroupNCCL(store, 0, world, GROUP_TIMEOUT)
+            return dist.ProcessGroupGloo(store, 0, world, GROUP_TIMEOUT)  # waits for the engine to join
+
+        building = asyncio.ensure_future(asyncio.to_thread(make_group))
+        try:
+            await admin.init_weights_update_group(
+                master_address=self.node_ip, master_port=store.port, rank_offset=1, world_size=world, group_name=name,
+                backend=backend,
+            )
+        except BaseException:
+            if backend == "gloo":
+                # Our gloo join waits for peers that will not come: stand in for them, so the
+                # join returns now instead of at the group timeout.
+                await asyncio.gather(*(
+                    asyncio.to_thread(dist.ProcessGroupGloo, _store_client(self.node_ip, store.port, world), rank, world, GROUP_TIMEOUT)
+                    for rank in range(1, world)
+                ))
+            await asyncio.gather(building, return_exceptions=True)
+            raise
+        group = await building
+        self._groups[url] = _Group(name=name, store=store, group=group)
+        return self._groups[url]
+
+    def _drop_group(self, url: str) -> None:
+        group = self._groups.pop(url, None)
+        if group is not None and hasattr(group.group, "abort"):
+            try:
+                group.group.abort()  # a half-done NCCL broadcast must not spin on the GPU forever
+            except Exception as err:  # the group is being dropped either way
+                log.warning("aborting the weight group of %s failed: %s", url, err)
+
+    def _stage(self, named: dict[str, torch.Tensor], bucket: list[Piece]) -> list[tuple[Piece, torch.Tensor]]:
+        """Copy one bucket into the staging buffer, in the transfer dtype: [(piece, view)]."""
+        floating = [p for p in bucket if named[p.name].is_floating_point()]
+        total = sum(p.nbytes // self.dtype.itemsize for p in floating)
+        buffer = self._buffer(total)
+        staged, offset = [], 0
+        for piece in bucket:
+            source = _piece_of(named[piece.name], piece)
+            if not source.is_floating_point():  # integer buffers keep their dtype
+                staged.append((piece, source.detach().to(self.device, copy=True)))
+                continue
+            numel = piece.nbytes // self.dtype.itemsize
+            view = buffer[offset : offset + numel].view(piece.shape)
+            view.copy_(source.detach(), non_blocking=True)
+            staged.append((piece, view))
+            offset += numel
+        return staged
+
+    def _buffer(self, numel: int) -> torch.Tensor:
+        if self._staging is None or self._staging.numel() < numel:
+            self._staging = None
+            self._staging = torch.empty(max(numel, 1), dtype=self.dtype, device=self.device)
+            if self.device.type == "cpu":
+                # Shared memory named by a file: any process of this machine can open it. (The
+                # default passes file descriptors over a socket authenticated with a key that
+                # only processes forked from this one know.)
+                torch.multiprocessing.set_sharing_strategy("file_system")
+                self._staging.share_memory_()  # once: every bucket's handle points into it
+        return self._staging
+
+    def _cast(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        tensor = tensor.detach()
+        return tensor.to(device, self.dtype) if tensor.is_floating_point() else tensor.to(device)
+
+
+def _store_client(host: str, port: int, world: int) -> Any:
+    return dist.TCPStore(host, port, world, False, timeout=GROUP_TIMEOUT)
+
+
+def _piece_of(tensor: torch.Tensor, piece: Piece) -> torch.Tensor:
+    return tensor if piece.rows is None else tensor[piece.rows[0] : piece.rows[1]]
+
+
+def _admins(urls: Sequence[str]) -> dict[str, Any]:
+    from rlkube_runtime.rollout.client import EngineAdmin
+
+    # One attempt: a weight request that is retried could wait for a broadcast that never comes.
+    return {url: EngineAdmin(url, max_attempts=1) for url in urls}
+
+
+async def _close(admins: dict[str, Any]) -> None:
+    await asyncio.gather(*(a.close() for a in admins.values()), return_exceptions=True)
+
+
+def _record_failures(urls: Sequence[str], results: Sequence[Any], report: SyncReport) -> None:
+    for url, result in zip(urls, results):
+        if isinstance(result, BaseException):
+            report.failed[url] = f"{type(result).__name__}: {result}"
