@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load, load_file, save
 
 from rlkube_runtime.engine.protocol import ProtocolError
+from rlkube_runtime.memory import PinnedOffload, unique_named_tensors
 
 ROW_OFFSETS_KEY = "rlkube_row_offsets"
 
@@ -144,13 +145,15 @@ def copy_into_model(
 class WeightOffload:
     """Holds the model's weights off the accelerator while memory is released.
 
-    On CUDA the weights move to host memory and the model's parameters point at empty storage, so
-    the GPU memory is really freed; on CPU the parameters are detached the same way and the
-    originals kept aside, so the model cannot run until `restore`.
+    On CUDA the weights move to pinned host memory (one asynchronous copy each way; the host
+    copies are kept for the next release) and the parameters point at empty storage, so the GPU
+    memory is really freed; on CPU the parameters are detached the same way and the originals
+    kept aside, so the model cannot run until `restore`.
     """
 
     def __init__(self) -> None:
         self._saved: dict[str, torch.Tensor] | None = None
+        self._pinned = PinnedOffload()
 
     @property
     def offloaded(self) -> bool:
@@ -160,8 +163,13 @@ class WeightOffload:
         if self._saved is not None:
             return
         saved = {}
-        for name, tensor in _unique_tensors(model).items():
-            saved[name] = tensor.data.to("cpu", copy=tensor.device.type != "cpu")
+        tensors = unique_named_tensors(model)
+        for name, tensor in tensors:
+            on_gpu = tensor.device.type == "cuda"
+            saved[name] = self._pinned.to_host((name,), tensor.data) if on_gpu else tensor.data
+        if any(t.device.type == "cuda" for _, t in tensors):
+            self._pinned.wait(tensors[0][1].device)
+        for name, tensor in tensors:
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
         self._saved = saved
         if torch.cuda.is_available():
@@ -170,17 +178,10 @@ class WeightOffload:
     def restore(self, model: torch.nn.Module) -> None:
         if self._saved is None:
             return
-        for name, tensor in _unique_tensors(model).items():
-            tensor.data = self._saved[name].to(tensor.device)
+        tensors = unique_named_tensors(model)
+        for name, tensor in tensors:
+            saved = self._saved[name]
+            tensor.data = self._pinned.to_device(saved, tensor.device) if tensor.device.type == "cuda" else saved
+        if any(t.device.type == "cuda" for _, t in tensors):
+            self._pinned.wait(tensors[0][1].device)
         self._saved = None
-
-
-def _unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """State-dict entries with tied weights (embeddings shared with the LM head) listed once."""
-    seen: set[int] = set()
-    unique = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            unique[name] = tensor
-    return unique

@@ -33,7 +33,7 @@ from .backend import LogProbs
 from .batch import TrainBatch
 from .config import TrainerConfig
 from .lr_schedule import LRSchedule
-from .offload import PinnedOffload
+from ..memory import PinnedOffload
 from .packing import pad_rows, partition_for_ranks, plan_micro_batches
 from .rng import capture_rng_state, restore_rng_state
 

@@ -5,7 +5,7 @@ one of four transports: CUDA IPC / shared-memory handles (`tensor`), a NCCL or g
 (`distributed`), bytes over HTTP (`http`) or an HF directory on shared storage (`disk`).
 """
 
-from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets, unique_named_tensors
+from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
 from rlkube_runtime.weight_sync.sender import TRANSPORTS, SyncReport, WeightSender
 
-__all__ = ["Piece", "plan_buckets", "unique_named_tensors", "TRANSPORTS", "SyncReport", "WeightSender"]
+__all__ = ["Piece", "plan_buckets", "TRANSPORTS", "SyncReport", "WeightSender"]

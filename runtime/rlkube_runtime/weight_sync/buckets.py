@@ -12,8 +12,6 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-import torch
-
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
@@ -23,20 +21,6 @@ class Piece:
     shape: tuple[int, ...]  # of this piece
     rows: tuple[int, int] | None
     nbytes: int
-
-
-def unique_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The state dict with tied tensors (an LM head sharing the embedding) listed once: the
-    engine ties them the same way, and a tied 150k-token embedding is a quarter of a 0.6B model."""
-    seen: set[tuple[int, int]] = set()
-    unique = []
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        key = (tensor.data_ptr(), tensor.numel()) if tensor.numel() else (id(tensor), 0)
-        if key in seen:
-            continue
-        seen.add(key)
-        unique.append((name, tensor))
-    return unique
 
 
 def plan_buckets(

@@ -35,7 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets, unique_named_tensors
+from rlkube_runtime.memory import unique_named_tensors
+from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlkube_runtime.weight_sync import WeightSender
-from rlkube_runtime.weight_sync.buckets import unique_named_tensors
+from rlkube_runtime.memory import unique_named_tensors
 
 from engine_testutil import engine_of
 

@@ -2,7 +2,8 @@
 
 import torch
 
-from rlkube_runtime.weight_sync import plan_buckets, unique_named_tensors
+from rlkube_runtime.memory import unique_named_tensors
+from rlkube_runtime.weight_sync import plan_buckets
 
 
 def test_buckets_fill_in_order_and_a_big_tensor_goes_alone_when_rows_cannot_split():

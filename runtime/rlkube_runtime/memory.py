@@ -1,15 +1,29 @@
-"""Moving a trainer's tensors between the GPU and pinned host memory, for colocated placement.
+"""A module's tensors, and moving them between the GPU and pinned host memory (colocated
+placement: the trainer and the engines take turns with the GPU).
 
 Each device tensor gets a pinned host twin the first time it is offloaded, kept for the run:
 every later offload or onload is one asynchronous copy per tensor at the full host link speed
-(pageable copies run at a fraction of it and allocate on every move). Tensors are swapped in
-place (`param.data`, optimizer state entries), so modules, DDP and the optimizer keep their
+(pageable copies run at a fraction of it and allocate on every move). Callers swap tensors in
+place (`param.data`, optimizer state entries), so modules, DDP and optimizers keep their
 references.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def unique_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The state dict with tied tensors (an LM head sharing the embedding) listed once."""
+    seen: set[tuple[int, int]] = set()
+    unique = []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        key = (tensor.data_ptr(), tensor.numel()) if tensor.numel() else (id(tensor), 0)
+        if key in seen:
+            continue
+        seen.add(key)
+        unique.append((name, tensor))
+    return unique
 
 
 class PinnedOffload:
