@@ -328,6 +328,8 @@ def _log_trained_samples(out: Path, rollout_id: int, samples: list[dict[str, Any
         "rollout": rollout_id,
         "sample_indices": [s["index"] for s in samples],
         "group_indices": sorted({s["group_index"] for s in samples}),
+        # The engines' weight versions that generated them: the sync before rollout k sets k.
+        "weight_versions": sorted({v for s in samples for v in s.get("weight_versions") or []}),
     }
     with open(out / "samples.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
