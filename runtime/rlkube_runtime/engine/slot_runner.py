@@ -184,8 +184,14 @@ class SlotRunner:
 
     def weights_moved(self) -> None:
         """The parameters got new storage (offload/restore): captured graphs point at the old."""
-        self._graphs.clear()
+        self._drop_graphs()
         self._rope = None
+
+    def _drop_graphs(self) -> None:
+        # A graph pool outlives its graphs only as a handle: captures after the graphs are gone
+        # need a new pool (reusing the old one trips the allocator's private-pool bookkeeping).
+        self._graphs.clear()
+        self._graph_pool = None
 
     # ---- allocation ----------------------------------------------------------------------
 
@@ -215,7 +221,7 @@ class SlotRunner:
             k[:, : self.rows, :, :have_slots] = self._k[:, : self.rows]
             v[:, : self.rows, :, :have_slots] = self._v[:, : self.rows]
         self._k, self._v = None, None
-        self._graphs.clear()
+        self._drop_graphs()
         self._k, self._v = k, v
         self._logits = torch.empty((new_rows, self.vocab_size), dtype=self.dtype, device=self.device)
         self._step_inputs = torch.zeros((2, new_rows), dtype=torch.long, device=self.device)
