@@ -160,6 +160,7 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
     metrics_port = os.environ.get("RLKUBE_METRICS_PORT")
     logger = MetricsLogger(name, plan.output_dir, prometheus_port=int(metrics_port) if metrics_port else None)
     reporter = _status_reporter()
+    engine_restarts = reporter.engine_restarts_so_far() if reporter is not None else 0
     trainers, rollout = _start_actors(plan, topology, cluster)
     # On CPU "memory" is the machine's RAM, shared anyway; the hand-off matters on GPUs.
     shares_gpus = topology.placement == "colocated" and topology.device == "cuda"
@@ -231,6 +232,7 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
                 next_generation = rollout.generate.remote(rollout_id + 1)
 
             restarts = ray.get(rollout.take_engine_restarts.remote())
+            engine_restarts += restarts
             if restarts:
                 logger.prometheus.count_engine_restarts(restarts)
             metrics["rollout/engine_restarts"] = float(restarts)
@@ -248,6 +250,7 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
                         "kl": metrics.get("train/kl_loss"),
                         "step_seconds": metrics["perf/step_time"],
                     },
+                    engine_restarts=engine_restarts,
                 )
     finally:
         logger.close()

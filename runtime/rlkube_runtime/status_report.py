@@ -78,14 +78,29 @@ class RLJobStatusReporter:
         num_rollout: int,
         last_checkpoint: Mapping[str, Any] | None = None,
         metrics: Mapping[str, Any] | None = None,
+        engine_restarts: int | None = None,
     ) -> bool:
-        """Patch progress (and the last checkpoint and metrics when given); True if it was written.
+        """Patch progress (and the last checkpoint, metrics and engine restarts when given); True
+        if it was written.
 
         last_checkpoint: {"rollout": int, "path": str, "time": datetime or RFC 3339 string}.
         metrics: numbers keyed rewardMean/reward_mean, kl, stepSeconds/step_seconds; others and
         non-finite values are left out.
+        engine_restarts: the job's total (`engine_restarts_so_far()` at start, plus this attempt's).
         """
-        return self.patch(build_status_patch(rollout, num_rollout, last_checkpoint, metrics))
+        return self.patch(build_status_patch(rollout, num_rollout, last_checkpoint, metrics, engine_restarts))
+
+    def engine_restarts_so_far(self) -> int:
+        """status.restarts.engine as earlier attempts left it (0 when unset or unreadable): each
+        attempt adds its own restarts to it, so the count covers the whole job."""
+        try:
+            obj = self._api.get_namespaced_custom_object_status(
+                API_GROUP, API_VERSION_NAME, self.namespace, PLURAL, self.name, _request_timeout=TIMEOUT_SECONDS
+            )
+        except Exception as exc:  # noqa: BLE001 - reporting must never stop training
+            log.warning("could not read status of RLJob %s/%s: %s", self.namespace, self.name, getattr(exc, "reason", None) or exc)
+            return 0
+        return int(((obj.get("status") or {}).get("restarts") or {}).get("engine") or 0)
 
     def patch(self, status: dict[str, Any]) -> bool:
         try:
@@ -105,9 +120,13 @@ def build_status_patch(
     num_rollout: int,
     last_checkpoint: Mapping[str, Any] | None = None,
     metrics: Mapping[str, Any] | None = None,
+    engine_restarts: int | None = None,
 ) -> dict[str, Any]:
-    """The status fields the runtime owns, in the CRD's camelCase shape."""
+    """The status fields the runtime owns, in the CRD's camelCase shape (`restarts.engine`; the
+    operator owns `restarts.job`, and a merge patch leaves it alone)."""
     status: dict[str, Any] = {"progress": {"rollout": int(rollout), "numRollout": int(num_rollout)}}
+    if engine_restarts is not None:
+        status["restarts"] = {"engine": int(engine_restarts)}
     if last_checkpoint:
         ckpt: dict[str, Any] = {}
         if last_checkpoint.get("rollout") is not None:

@@ -132,12 +132,14 @@ def _read_records(
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         yield from _read_jsonl(path)
+    elif suffix == ".json":
+        yield from _read_json(path)
     elif suffix == ".parquet":
         yield from _read_parquet(path, required=[k for k in (input_key, label_key) if k])
     else:
         raise DatasetError(
             f"prompt data file {source}: unsupported format {suffix or '(no suffix)'!r}; "
-            f"use .jsonl or .parquet, or {BUILTIN_PREFIX}<name> for a built-in task."
+            f"use .jsonl, .json or .parquet, or {BUILTIN_PREFIX}<name> for a built-in task."
         )
 
 
@@ -173,6 +175,26 @@ def _read_jsonl(path: pathlib.Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
             if not isinstance(record, dict):
                 raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}.")
             yield where, record
+
+
+def _read_json(path: pathlib.Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """A `.json` file as the Hub has them: one JSON array of objects, or JSON lines after all."""
+    text = path.read_text(encoding="utf-8")
+    if not text.lstrip().startswith("["):
+        yield from _read_jsonl(path)
+        return
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(
+            f"{path} line {exc.lineno}: malformed JSON ({exc.msg} at column {exc.colno}); a .json prompt file is one "
+            "JSON array of objects or one JSON object per line."
+        ) from None
+    for i, record in enumerate(records):
+        where = f"{path} item {i}"
+        if not isinstance(record, dict):
+            raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}.")
+        yield where, record
 
 
 def _read_parquet(

@@ -27,6 +27,7 @@ from rlkube_runtime.rollout.generate import (
     generate_sample,
 )
 from rlkube_runtime.spec import RLJobSpec
+from rlkube_runtime.spec.base import builtin_filter_name
 from rlkube_runtime.topology import engine_dtype
 
 log = logging.getLogger(__name__)
@@ -102,11 +103,7 @@ class RolloutManager:
             top_k=spec.rollout.top_k,
             stop=tuple(spec.rollout.stop),
         )
-        self._filter = (
-            load_callable(spec.rollout.dynamic_sampling_filter, what="spec.rollout.dynamicSamplingFilter")
-            if spec.rollout.dynamic_sampling_filter
-            else None
-        )
+        self._filter = _sampling_filter(spec.rollout.dynamic_sampling_filter)
         self._custom_generate = (
             load_callable(spec.rollout.custom_generate_function, what="spec.rollout.customGenerateFunction")
             if spec.rollout.custom_generate_function
@@ -460,6 +457,18 @@ class RolloutManager:
 
     async def _reward_group(self, group: list[Sample]) -> list[float]:
         return await compute_rewards(group, self.spec.reward, remote_client=self._reward_client)
+
+
+def _sampling_filter(ref: str | None):
+    """The group filter `spec.rollout.dynamicSamplingFilter` names: a built-in one, or user code."""
+    if not ref:
+        return None
+    builtin = builtin_filter_name(ref)
+    if builtin is not None:
+        from rlkube_runtime.rollout import filters
+
+        return getattr(filters, builtin)
+    return load_callable(ref, what="spec.rollout.dynamicSamplingFilter")
 
 
 def _engine_unreachable(error: BaseException) -> bool:

@@ -9,6 +9,12 @@ from pydantic import Field, model_validator
 from .base import SpecModel, cel_rules, cross_field_error, section
 
 AdvantageEstimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
+# Estimators that fold a per-token KL penalty (klCoef) into the rewards; the others ignore it.
+KL_REWARD_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+_KL_COEF_MESSAGE = (
+    "klCoef folds a KL penalty into the rewards, which only {} use; with {} use useKlLoss and klLossCoef "
+    "(a KL term in the loss) instead"
+)
 KlLossType = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
@@ -43,7 +49,16 @@ class AlgorithmSpec(SpecModel):
             "rule": "!has(self.epsClipHigh) || !has(self.epsClip) || self.epsClipHigh >= self.epsClip",
             "messageExpression": "'epsClipHigh(%s) must be >= epsClip(%s)'.format([self.epsClipHigh, self.epsClip])",
             "fieldPath": ".epsClipHigh",
-        }
+        },
+        {
+            "rule": "!has(self.klCoef) || self.klCoef == 0.0 || (has(self.advantageEstimator) && self.advantageEstimator in "
+            + str(list(KL_REWARD_ESTIMATORS))
+            + ")",
+            "messageExpression": "'"
+            + _KL_COEF_MESSAGE.format(", ".join(KL_REWARD_ESTIMATORS), "%s")
+            + "'.format([has(self.advantageEstimator) ? self.advantageEstimator : 'grpo'])",
+            "fieldPath": ".klCoef",
+        },
     )
 
     advantage_estimator: AdvantageEstimator = Field(
@@ -96,9 +111,18 @@ class AlgorithmSpec(SpecModel):
         return self.eps_clip_high if self.eps_clip_high is not None else self.eps_clip
 
     @model_validator(mode="after")
-    def _check_clip_ranges(self) -> "AlgorithmSpec":
+    def _check_cross_fields(self) -> "AlgorithmSpec":
+        violations = []
         if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
-            raise cross_field_error(
-                [("epsClipHigh", f"epsClipHigh({self.eps_clip_high}) must be >= epsClip({self.eps_clip})")]
-            )
+            violations.append(("epsClipHigh", f"epsClipHigh({self.eps_clip_high}) must be >= epsClip({self.eps_clip})"))
+        if self.kl_coef != 0 and self.advantage_estimator not in KL_REWARD_ESTIMATORS:
+            violations.append(("klCoef", _KL_COEF_MESSAGE.format(", ".join(KL_REWARD_ESTIMATORS), self.advantage_estimator)))
+        if violations:
+            raise cross_field_error(violations)
         return self
+
+    @property
+    def needs_reference_model(self) -> bool:
+        """A KL term (in the loss, or in the rewards of the estimators that use klCoef) compares
+        the policy with the frozen reference."""
+        return self.use_kl_loss or (self.kl_coef != 0 and self.advantage_estimator in KL_REWARD_ESTIMATORS)

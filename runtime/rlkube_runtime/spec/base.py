@@ -110,6 +110,36 @@ CallablePath = Annotated[
 ]
 """`package.module:function`; loaded by `rlkube_runtime.plugins.load_callable` at run time."""
 
+# Dynamic-sampling filters rlkube ships (rlkube_runtime.rollout.filters), by the names slime gives
+# them, also under slime's dotted path, so a slime user's setting works as written.
+BUILTIN_FILTERS = ("check_reward_nonzero_std",)
+SLIME_FILTER_MODULE = "slime.rollout.filter_hub.dynamic_sampling_filters"
+_BUILTIN_FILTER_NAMES = BUILTIN_FILTERS + tuple(f"{SLIME_FILTER_MODULE}.{name}" for name in BUILTIN_FILTERS)
+
+
+def builtin_filter_name(value: str) -> str | None:
+    """The built-in filter `value` names (bare or by slime's path), else None."""
+    return value.rsplit(".", 1)[-1] if value in _BUILTIN_FILTER_NAMES else None
+
+
+def _check_filter_ref(value: str) -> str:
+    if builtin_filter_name(value) is None and not _CALLABLE_PATH_RE.match(value):
+        raise PydanticCustomError(
+            "filter_ref",
+            "must be a built-in filter ({builtins}) or a Python callable as 'package.module:function', got '{value}'",
+            {"value": value, "builtins": ", ".join(BUILTIN_FILTERS)},
+        )
+    return value
+
+
+FilterRef = Annotated[
+    str,
+    AfterValidator(_check_filter_ref),
+    Field(json_schema_extra={"pattern": "^(" + "|".join(re.escape(n) for n in _BUILTIN_FILTER_NAMES) + "|"
+                             + CALLABLE_PATH_PATTERN[1:-1] + ")$"}),
+]
+"""A built-in dynamic-sampling filter's name or `package.module:function`."""
+
 
 def _require_scalar(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)):

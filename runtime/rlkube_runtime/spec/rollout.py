@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from .base import CallablePath, ScalarMap, SpecModel, cel_rules, cross_field_error, immutable_field
+from .base import BUILTIN_FILTERS, CallablePath, FilterRef, ScalarMap, SpecModel, cel_rules, cross_field_error, immutable_field
 
 
 class RolloutSpec(SpecModel):
@@ -57,10 +57,11 @@ class RolloutSpec(SpecModel):
         description="Prompts requested per generation round when dynamic sampling filters groups out; must be "
         "greater than batchSize. Rounds repeat until batchSize groups pass. Default: unset (= batchSize, no over-sampling).",
     )
-    dynamic_sampling_filter: Optional[CallablePath] = Field(
+    dynamic_sampling_filter: Optional[FilterRef] = Field(
         default=None,
-        description="Group filter 'package.module:function' called with each finished group; groups it "
-        "rejects are dropped (e.g. all rewards equal). Default: unset (keep every group).",
+        description="Group filter called with each finished group; groups it rejects are dropped. A built-in "
+        f"filter by name ({', '.join(BUILTIN_FILTERS)}: drop groups whose rewards are all equal; slime's dotted "
+        "path works too) or 'package.module:function'. Default: unset (keep every group).",
     )
     partial_rollout: bool = Field(
         default=False,

@@ -135,6 +135,9 @@ class LossConfig:
     use_tis: bool = False
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
+    # Not a loss term: the KL penalty reinforce++ folds into the rewards; it needs the reference
+    # model's log-probs just as the KL loss does.
+    reward_kl_coef: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("algorithm.eps_clip", self.eps_clip)
@@ -145,7 +148,7 @@ class LossConfig:
 
     @property
     def needs_ref_model(self) -> bool:
-        return self.use_kl_loss
+        return self.use_kl_loss or self.reward_kl_coef != 0
 
     def objective_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `policy_objective` (everything but the tensors and counts)."""
@@ -185,6 +188,7 @@ class LossConfig:
             use_tis=bool(_get(tis, "enabled", False)) if tis is not None else False,
             tis_clip=_get(tis, "clip", cls.tis_clip) if tis is not None else cls.tis_clip,
             tis_clip_low=_get(tis, "clip_low", cls.tis_clip_low) if tis is not None else cls.tis_clip_low,
+            reward_kl_coef=_get(alg, "kl_coef", cls.reward_kl_coef),
         )
 
 

@@ -204,9 +204,26 @@ def test_missing_file_error_names_the_path(tmp_path):
         load_prompt_dataset(tmp_path / "nothere.jsonl")
 
 
+@pytest.mark.parametrize("layout", ["array", "lines"])
+def test_json_files_hold_an_array_of_records_or_json_lines(tmp_path, layout):
+    records = [{"prompt": "1+1?", "label": "2"}, {"prompt": "2+2?", "label": "4"}]
+    path = tmp_path / "p.json"
+    if layout == "array":
+        path.write_text(json.dumps(records, indent=2))
+    else:
+        write_jsonl(path, records)
+    assert [(s.prompt, s.label) for s in load_prompt_dataset(path)] == [("1+1?", "2"), ("2+2?", "4")]
+
+
+def test_a_json_array_of_non_objects_names_the_item(tmp_path):
+    (tmp_path / "p.json").write_text('[{"prompt": "a", "label": "x"}, "b"]')
+    with pytest.raises(DatasetError, match=r"p.json item 1: expected a JSON object, got str"):
+        load_prompt_dataset(tmp_path / "p.json")
+
+
 def test_unsupported_suffix_is_an_error_listing_the_formats(tmp_path):
     (tmp_path / "p.csv").write_text("prompt,label\n")
-    with pytest.raises(DatasetError, match=r"unsupported format '\.csv'; use \.jsonl or \.parquet"):
+    with pytest.raises(DatasetError, match=r"unsupported format '\.csv'; use \.jsonl, \.json or \.parquet"):
         load_prompt_dataset(tmp_path / "p.csv")
 
 

@@ -34,6 +34,27 @@ def test_patch_holds_progress_checkpoint_and_known_finite_metrics_in_camel_case(
     }
 
 
+def test_engine_restarts_are_reported_under_the_runtimes_own_key():
+    assert build_status_patch(3, 10, engine_restarts=2)["restarts"] == {"engine": 2}
+    assert "restarts" not in build_status_patch(3, 10)
+
+
+def test_engine_restarts_so_far_reads_what_earlier_attempts_wrote():
+    class Api:
+        def __init__(self, status):
+            self.status = status
+
+        def get_namespaced_custom_object_status(self, *a, **kw):
+            return {"status": self.status}
+
+    reporter = RLJobStatusReporter.__new__(RLJobStatusReporter)
+    reporter.name, reporter.namespace = "tiny", "a"
+    reporter._api = Api({"restarts": {"job": 1, "engine": 3}})
+    assert reporter.engine_restarts_so_far() == 3
+    reporter._api = Api({})
+    assert reporter.engine_restarts_so_far() == 0
+
+
 def test_non_finite_metrics_are_left_out():
     assert "metrics" not in build_status_patch(1, 2, metrics={"reward_mean": float("inf")})
 

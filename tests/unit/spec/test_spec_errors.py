@@ -47,6 +47,13 @@ BROKEN = [
         "epsClipHigh(0.1) must be >= epsClip(0.2)",
     ),
     (
+        "kl-coef-with-grpo",
+        {"spec.algorithm": {"klCoef": 0.05}},
+        "spec.algorithm.klCoef",
+        "klCoef folds a KL penalty into the rewards, which only reinforce_plus_plus, reinforce_plus_plus_baseline, ppo "
+        "use; with grpo use useKlLoss and klLossCoef",
+    ),
+    (
         "over-sampling-not-above-batch",
         {"spec.rollout.overSamplingBatchSize": 16},
         "spec.rollout.overSamplingBatchSize",
