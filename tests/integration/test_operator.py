@@ -240,14 +240,31 @@ def test_fields_a_running_job_depends_on_cannot_change_but_others_can(crd_instal
     ],
     ids=["name-too-long", "gpus-not-whole-engines"],
 )
+def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_path, name, spec, field):
+    proc = apply_file(operator.cp, tmp_path / "bad.yaml", rljob_yaml(name, **spec), ns)
+    assert proc.returncode != 0
+    assert field in proc.stderr or field.removeprefix("spec.") in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "field"),
+    [
+        # Valid to the CRD's schema, but no pod can be made of it: the operator refuses it.
+        ("gpu-twice", {"resources": {"placement": "colocated", "trainer": {
+            "nodes": 1, "gpusPerNode": 2, "resources": {"limits": {"nvidia.com/gpu": "2"}}}}},
+         "spec.resources.trainer.resources.limits"),
+        ("spec-volume", {"resources": {"placement": "colocated", "trainer": {"nodes": 1, "gpusPerNode": 2},
+                                       "volumes": [{"name": "rlkube-spec", "emptyDir": {}}]}},
+         "spec.resources.volumes[0].name"),
+    ],
+    ids=["gpu-resource-set-by-hand", "reserved-volume-name"],
+)
 def test_a_spec_that_cannot_become_pods_fails_at_once_naming_the_field(operator, ns, tmp_path, name, spec, field):
-    """Refused by the API server if the CRD has a rule for it, otherwise failed by the operator
-    before anything is created (phase Failed, reason InvalidSpec, kopf.PermanentError logged)."""
+    """The API server takes it; the operator fails it before anything is created (phase Failed,
+    reason InvalidSpec, kopf.PermanentError logged)."""
     cp = operator.cp
     proc = apply_file(cp, tmp_path / "bad.yaml", rljob_yaml(name, **spec), ns)
-    if proc.returncode != 0:
-        assert field in proc.stderr or field.removeprefix("spec.") in proc.stderr, proc.stderr
-        return
+    assert proc.returncode == 0, proc.stderr
     rljob = wait_phase(cp, ns, name, "Failed", timeout=30)
     failed = {c["type"]: c for c in rljob["status"]["conditions"]}["Failed"]
     assert failed["reason"] == "InvalidSpec"
@@ -300,8 +317,9 @@ def test_a_colocated_rljob_runs_to_success_through_kuberay(operator, ns, tmp_pat
     reporter = RLJobStatusReporter.from_env(
         {"RLKUBE_RLJOB_NAME": "tiny", "RLKUBE_RLJOB_NAMESPACE": ns}, kubeconfig=str(cp.kubeconfig)
     )
+    assert reporter.engine_restarts_so_far() == 0
     assert reporter.report(2, 3, last_checkpoint={"rollout": 1, "path": "/ckpt/tiny/rollout_1"},
-                           metrics={"reward_mean": 0.5, "kl": 0.01})
+                           metrics={"reward_mean": 0.5, "kl": 0.01}, engine_restarts=2)
     wait_rljob(cp, ns, "tiny", "progressText 2/3", lambda o: o["status"].get("progressText") == "2/3", 20)
     [row] = table(cp, ns)
     assert list(row) == ["NAME", "PHASE", "PROGRESS", "REWARD", "RESTARTS", "AGE"]
@@ -311,6 +329,8 @@ def test_a_colocated_rljob_runs_to_success_through_kuberay(operator, ns, tmp_pat
     assert (row["RAYJOB"], row["CHECKPOINT"]) == ("tiny-0", "/ckpt/tiny/rollout_1")
     rljob = get_or_none(cp, ns, "rljob", "tiny")
     assert rljob["status"]["phase"] == "Running"  # the runtime's patch left the operator's fields alone
+    assert rljob["status"]["restarts"] == {"job": 0, "engine": 2}  # each side's counter, side by side
+    assert reporter.engine_restarts_so_far() == 2  # where the next attempt's count starts
 
     # Stand-in for Ray's job server: the job succeeded. KubeRay then shuts the cluster down.
     cluster = rljob["status"]["rayClusterName"]
@@ -469,10 +489,11 @@ def test_the_runtime_role_patches_its_own_rljob_status_and_nothing_else(operator
 
     env = {"RLKUBE_RLJOB_NAME": "mine", "RLKUBE_RLJOB_NAMESPACE": ns}
     mine = RLJobStatusReporter.from_env(env, kubeconfig=str(kubeconfig))
-    assert mine.report(1, 3, metrics={"reward_mean": 0.25})
+    assert mine.report(1, 3, metrics={"reward_mean": 0.25}, engine_restarts=1)
     status = get_or_none(cp, ns, "rljob", "mine")["status"]
     assert status["progress"] == {"rollout": 1, "numRollout": 3}
     assert status["metrics"] == {"rewardMean": 0.25}
+    assert mine.engine_restarts_so_far() == 1  # the role may read what it wrote
 
     other = RLJobStatusReporter.from_env({**env, "RLKUBE_RLJOB_NAME": "other"}, kubeconfig=str(kubeconfig))
     assert other.report(3, 3) is False  # forbidden: another RLJob

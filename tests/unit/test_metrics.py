@@ -33,3 +33,17 @@ def test_prometheus_names_are_unique_and_prefixed():
 
 def test_progress_line_without_a_total_or_numbers_still_reads():
     assert format_progress_line(0, {}, 65.0) == "rollout 1 | 01:05"
+
+
+def test_tensorboard_gets_every_numeric_metric_at_its_rollout_step(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = MetricsLogger("demo", tmp_path, prometheus_port=None, tensorboard=True, stream=io.StringIO())
+    logger.log(0, {"rollout/raw_reward": 0.25, "perf/step_time": 2.0, "note": "not a number"})
+    logger.log(1, {"rollout/raw_reward": 0.75, "perf/step_time": 1.0})
+    logger.close()
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"rollout/raw_reward", "perf/step_time"}
+    assert [(e.step, e.value) for e in events.Scalars("rollout/raw_reward")] == [(0, 0.25), (1, 0.75)]

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlkube_runtime.engine.kv_batch import KVBatch, new_cache
+from rlkube_runtime.engine.weights import encode_named_tensors
 
 from engine_testutil import engine_of, record_batch_sizes
 
@@ -76,13 +77,27 @@ async def test_stop_token_stop_string_and_zero_budget(client):
 
 
 async def test_eos_ends_a_sequence_unless_ignored(client):
-    eos = engine_of(client).tokenizer.eos_token_id
-    stopped = await _generate(client, {"text": "e", "sampling_params": {"max_new_tokens": 30, "stop_token_ids": [], "temperature": 0.0}})
-    ids = stopped["output_ids"]
-    if eos in ids:  # the random tiny model may or may not emit EOS; whichever it does must be honoured
-        assert ids[-1] == eos and stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos}
-    else:
-        assert stopped["meta_info"]["finish_reason"]["type"] == "length"
+    """Weights that make EOS every step's greedy choice: the constant embedding survives to the
+    last hidden state (attention and MLP outputs zeroed) and only EOS's head row points along it."""
+    engine = engine_of(client)
+    eos = engine.tokenizer.eos_token_id
+    state = engine.model.state_dict()
+    update = {name: torch.zeros_like(t) for name, t in state.items() if name.endswith(("o_proj.weight", "down_proj.weight"))}
+    update["model.embed_tokens.weight"] = torch.ones_like(state["model.embed_tokens.weight"])
+    head = torch.zeros_like(state["lm_head.weight"])
+    head[eos] = 1.0
+    update["lm_head.weight"] = head
+    response = await client.post("/update_weights_from_tensor", json={
+        "serialized_named_tensors": [encode_named_tensors(update)], "load_format": "rlkube_safetensors"})
+    assert response.status == 200, await response.text()
+
+    greedy = {"max_new_tokens": 30, "temperature": 0.0}
+    stopped = await _generate(client, {"text": "e", "sampling_params": greedy})
+    assert stopped["output_ids"] == [eos]
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos}
+    ignored = await _generate(client, {"text": "e", "sampling_params": {**greedy, "ignore_eos": True}})
+    assert ignored["output_ids"] == [eos] * 30
+    assert ignored["meta_info"]["finish_reason"] == {"type": "length", "length": 30}
 
 
 def test_kv_batch_join_pads_left_and_select_trims_unused_slots():

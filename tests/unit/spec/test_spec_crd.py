@@ -9,6 +9,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import celpy  # cel-python evaluates the CRD's CEL rules (a dev dependency: these tests never skip)
 import pytest
 import yaml
 from pydantic import BaseModel
@@ -164,7 +165,6 @@ def test_crd_defaults_match_model_defaults():
 
 # --- CEL semantics: the API server's rules agree with the Python validators -----------------------
 
-celpy = pytest.importorskip("celpy", reason="cel-python evaluates the CRD's CEL rules")
 _PROGRAMS: dict[str, Any] = {}
 _ENV: list[Any] = []
 
@@ -232,6 +232,8 @@ CROSS_FIELD_CASES = [
     ({"training": {"numRollout": 5, "numStepsPerRollout": 3}}, "spec.training.numStepsPerRollout", True),
     ({"training": {"numRollout": 5, "globalBatchSize": 128, "mode": "async"}}, "spec.training.mode", True),
     ({"algorithm": {"epsClipHigh": 0.1}}, "spec.algorithm.epsClipHigh", True),
+    ({"algorithm": {"klCoef": 0.05}}, "spec.algorithm.klCoef", True),
+    ({"algorithm": {"advantageEstimator": "gspo", "klCoef": 0.05}}, "spec.algorithm.klCoef", True),
     ({"algorithm": {"tis": {"clip": 1.5, "clipLow": 2.0}}}, "spec.algorithm.tis.clipLow", False),
     ({"rollout": {"batchSize": 16, "overSamplingBatchSize": 16}}, "spec.rollout.overSamplingBatchSize", True),
     ({"rollout": {"batchSize": 16, "topK": 0}}, "spec.rollout.topK", True),
