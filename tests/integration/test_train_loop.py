@@ -110,3 +110,22 @@ def test_spec_errors_stop_the_run_at_start_naming_the_field(tmp_path, overrides,
     assert field in output
     assert "Traceback" not in output
     assert time.monotonic() - started < 60
+
+
+def test_async_mode_overlaps_generation_with_training_one_version_behind_and_still_learns(tmp_path):
+    rollouts = 40
+    job = write_local_tiny(
+        tmp_path, "async",
+        **{"spec.training.mode": "async", "spec.training.numRollout": rollouts, "spec.resources.placement": "separate"},
+    )
+    out = tmp_path / "out"
+    returncode, output = _run(job, out)
+    assert returncode == 0, output[-5000:]
+
+    rewards = [m["rollout/raw_reward"] for m in _metrics(out) if m["rollout"] >= 0]
+    assert len(rewards) == rollouts
+    assert sum(rewards[:3]) / 3 < 0.3 and sum(rewards[-5:]) / 5 > 0.6, rewards
+    # Rollout k+1 is generated while k trains: by the weights synced after k-1 (version k).
+    versions = {r["rollout"]: r["weight_versions"] for r in read_jsonl(out / "samples.jsonl")}
+    assert versions[0] == versions[1] == ["default"], versions
+    assert all(versions[k] == [str(k - 1)] for k in range(2, rollouts)), versions
