@@ -145,126 +145,230 @@ def _eval_data_spec(job: RLJob, dataset) -> Any:
     )
 
 
+@dataclass
+class Job:
+    """The running job: its actors and where it reports."""
+
+    plan: RunPlan
+    trainers: list[Any]  # TrainerWorker handles, rank order
+    rollout: Any  # the RolloutManager handle
+    shares_gpus: bool  # colocated on GPUs: trainer and engines take turns with the memory
+    logger: Any  # MetricsLogger
+    reporter: Any  # RLJobStatusReporter, or None outside a cluster
+    engine_restarts: int = 0  # the job's total, earlier attempts included
+    pushers: tuple[list[int], str] = ([], "http")  # trainer rank serving engine j; the weight-sync transport
+
+    @property
+    def spec(self):
+        return self.plan.job.spec
+
+
+@dataclass(frozen=True)
+class JobCheckpoint:
+    """What a checkpoint holds beyond the files: written by `_save`, read by `_resume`."""
+
+    trainer: dict[str, Any]  # rank 0's model, optimizer and schedule (the same on every rank)
+    trainer_rng: list[Any]  # every rank's random streams, rank order
+    data_source: dict[str, Any]  # the prompt position and buffer as of the next rollout's start
+    progress: dict[str, int]
+
+    def payload(self) -> dict[str, Any]:
+        return {"trainer": self.trainer, "trainer_rng": self.trainer_rng, "data_source": self.data_source,
+                "progress": self.progress}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> JobCheckpoint:
+        return cls(trainer=payload["trainer"], trainer_rng=payload.get("trainer_rng") or [],
+                   data_source=payload["data_source"], progress=payload.get("progress") or {})
+
+
 def run_job(plan: RunPlan, *, resume: bool = True) -> None:
+    """The loop, one call per phase: generate (the rollout manager: prompts, engines, rewards,
+    filters) -> train (advantages and optimizer steps on the trainer ranks, with the colocated
+    hand-off and the weight sync) -> eval -> save -> report."""
     import ray
 
-    from rlkube_runtime.metrics import MetricsLogger
-    from rlkube_runtime.trainer.checkpoint import clean_partial_checkpoints, load_latest_checkpoint, save_checkpoint
+    from rlkube_runtime.trainer.checkpoint import clean_partial_checkpoints
 
-    spec = plan.job.spec
-    name = plan.job.metadata.name
     # A save cut short by a crash leaves a .tmp- directory; only complete checkpoints are loaded.
     clean_partial_checkpoints(plan.checkpoint_root)
     cluster = _init_ray()
-    topology = _plan_topology(spec)
-    metrics_port = os.environ.get("RLKUBE_METRICS_PORT")
-    logger = MetricsLogger(name, plan.output_dir, prometheus_port=int(metrics_port) if metrics_port else None)
-    reporter = _status_reporter()
-    engine_restarts = reporter.engine_restarts_so_far() if reporter is not None else 0
-    trainers, rollout = _start_actors(plan, topology, cluster)
-    # On CPU "memory" is the machine's RAM, shared anyway; the hand-off matters on GPUs.
-    shares_gpus = topology.placement == "colocated" and topology.device == "cuda"
+    job = _start(plan, cluster)
     try:
-        if shares_gpus:
-            ray.get([t.release_memory.remote() for t in trainers])
-        ray.get(rollout.set_weight_pushers.remote(trainers, *_weight_pushers(spec, topology), str(plan.output_dir / "weights")))
-        start = 0
-        checkpoint = None
-        if resume:
-            for root in plan.resume_roots:
-                checkpoint = load_latest_checkpoint(root)
-                if checkpoint is not None:
-                    break
-        if checkpoint is not None:
-            print(f"resuming from checkpoint {checkpoint.path} (rollout {checkpoint.rollout_id})", flush=True)
-            rngs = checkpoint.payload.get("trainer_rng") or []
-            if len(rngs) != len(trainers):
-                # Another trainer world size (or an older checkpoint): every rank takes rank 0's streams.
-                rngs = [None] * len(trainers)
-            ray.get([t.load_state_dict.remote(checkpoint.payload["trainer"], rng) for t, rng in zip(trainers, rngs)])
-            ray.get(rollout.load_data_state.remote(checkpoint.payload["data_source"]))
-            start = checkpoint.rollout_id + 1
-            ray.get(rollout.update_weights.remote(str(start)))
+        _prepare(job)
+        spec = job.spec
         num_rollout = spec.training.num_rollout
-        is_async = str(getattr(spec.training.mode, "value", spec.training.mode)) == "async"
-        eval_every = spec.eval.interval if spec.eval.datasets else None
-        if eval_every and start == 0:
-            logger.log(-1, {**ray.get(rollout.evaluate.remote(0)), "progress/num_rollout": num_rollout})
-
-        next_generation = rollout.generate.remote(start) if start < num_rollout else None
+        start = _resume(job) if resume else 0
+        if _eval_interval(spec) and start == 0:
+            job.logger.log(-1, {**ray.get(job.rollout.evaluate.remote(0)), "progress/num_rollout": num_rollout})
+        rollouts = _Rollouts(job.rollout, start, num_rollout, overlap=spec.training.mode == "async")
         for rollout_id in range(start, num_rollout):
             step_start = time.monotonic()
-            samples, metrics = ray.get(next_generation)
-            next_generation = None
-            if is_async and rollout_id + 1 < num_rollout:
-                # Async: rollout k+1 is generated (by the weights of k-1) while k trains.
-                next_generation = rollout.generate.remote(rollout_id + 1)
-
+            samples, metrics = rollouts.take(rollout_id)
             sync_now = (rollout_id + 1) % spec.training.update_weights_interval == 0 or rollout_id + 1 == num_rollout
-            metrics.update(_train(
-                trainers, rollout, rollout_id, samples, shares_gpus=shares_gpus,
-                sync_version=rollout_id + 1 if sync_now else None, in_flight=next_generation,
-            ))
+            metrics.update(_train(job, rollout_id, samples, sync_version=rollout_id + 1 if sync_now else None,
+                                  in_flight=rollouts.in_flight))
             # Recorded before the checkpoint that covers it: a crash in between redoes this rollout
             # (its record is written again) rather than leaving a trained rollout unrecorded.
             _log_trained_samples(plan.output_dir, rollout_id, samples)
-
-            if eval_every and (rollout_id + 1) % eval_every == 0:
-                metrics.update(ray.get(rollout.evaluate.remote(rollout_id + 1)))
-
-            last_checkpoint = None
-            interval = spec.checkpoint.interval
-            if (interval and (rollout_id + 1) % interval == 0) or rollout_id + 1 == num_rollout:
-                payload = {
-                    "trainer": ray.get(trainers[0].state_dict.remote()),
-                    "trainer_rng": ray.get([t.rng_state.remote() for t in trainers]),
-                    # The data position as of the next rollout's start (in async mode rollout
-                    # k+1 already took its prompts; its checkpointed position is from before).
-                    "data_source": ray.get(rollout.data_state.remote(rollout_id + 1)),
-                    "progress": {"rollout_id": rollout_id, "num_rollout": num_rollout},
-                }
-                path = save_checkpoint(plan.checkpoint_root, rollout_id, payload, keep=spec.checkpoint.keep)
-                saved_at = datetime.now(timezone.utc)
-                last_checkpoint = {"rollout": rollout_id, "path": str(path), "time": saved_at}
-                metrics["checkpoint/last_time"] = saved_at.timestamp()
-
-            if next_generation is None and rollout_id + 1 < num_rollout:
-                next_generation = rollout.generate.remote(rollout_id + 1)
-
-            restarts = ray.get(rollout.take_engine_restarts.remote())
-            engine_restarts += restarts
-            if restarts:
-                logger.prometheus.count_engine_restarts(restarts)
-            metrics["rollout/engine_restarts"] = float(restarts)
-            metrics["perf/step_time"] = time.monotonic() - step_start
-            metrics["progress/rollout"] = rollout_id
-            metrics["progress/num_rollout"] = num_rollout
-            logger.log(rollout_id, metrics)
-            if reporter is not None:
-                reporter.report(
-                    rollout_id + 1,
-                    num_rollout,
-                    last_checkpoint=last_checkpoint,
-                    metrics={
-                        "reward_mean": metrics.get("rollout/raw_reward"),
-                        "kl": metrics.get("train/kl_loss"),
-                        "step_seconds": metrics["perf/step_time"],
-                    },
-                    engine_restarts=engine_restarts,
-                )
+            metrics.update(_evaluate(job, rollout_id))
+            checkpoint = _save(job, rollout_id)
+            rollouts.start_next(rollout_id)
+            _report(job, rollout_id, metrics, checkpoint, seconds=time.monotonic() - step_start)
     finally:
-        logger.close()
+        job.logger.close()
         try:
-            ray.get(rollout.shutdown.remote(), timeout=60)
+            ray.get(job.rollout.shutdown.remote(), timeout=60)
         except Exception as err:  # shutting down after a failure must not hide that failure
             log.warning("rollout manager shutdown failed: %s", err)
         if cluster == "local":
             ray.shutdown()
 
 
-def _train(
-    trainers, rollout, rollout_id: int, samples, *, shares_gpus: bool, sync_version: int | None, in_flight=None
-) -> dict[str, float]:
+def _start(plan: RunPlan, cluster: str) -> Job:
+    """Actors placed on the topology, the metric sinks, and which trainer rank pushes weights to
+    which engine."""
+    import ray
+
+    from rlkube_runtime.metrics import MetricsLogger
+
+    spec = plan.job.spec
+    topology = _plan_topology(spec)
+    metrics_port = os.environ.get("RLKUBE_METRICS_PORT")
+    logger = MetricsLogger(plan.job.metadata.name, plan.output_dir, prometheus_port=int(metrics_port) if metrics_port else None)
+    reporter = _status_reporter()
+    trainers, rollout = _start_actors(plan, topology, cluster)
+    # On CPU "memory" is the machine's RAM, shared anyway; the hand-off matters on GPUs.
+    job = Job(plan, trainers, rollout, shares_gpus=topology.placement == "colocated" and topology.device == "cuda",
+              logger=logger, reporter=reporter,
+              engine_restarts=reporter.engine_restarts_so_far() if reporter is not None else 0)
+    job.pushers = _weight_pushers(spec, topology)
+    return job
+
+
+def _prepare(job: Job) -> None:
+    """Colocated trainers start offloaded (the engines generate first); the engines learn who
+    pushes them weights, and how."""
+    import ray
+
+    if job.shares_gpus:
+        ray.get([t.release_memory.remote() for t in job.trainers])
+    ray.get(job.rollout.set_weight_pushers.remote(job.trainers, *job.pushers, str(job.plan.output_dir / "weights")))
+
+
+def _resume(job: Job) -> int:
+    """Load the newest complete checkpoint, if any (trainer state, each rank's random streams,
+    the data position), give the engines its weights; returns the first rollout to run."""
+    import ray
+
+    from rlkube_runtime.trainer.checkpoint import load_latest_checkpoint
+
+    found = None
+    for root in job.plan.resume_roots:
+        found = load_latest_checkpoint(root)
+        if found is not None:
+            break
+    if found is None:
+        return 0
+    print(f"resuming from checkpoint {found.path} (rollout {found.rollout_id})", flush=True)
+    saved = JobCheckpoint.from_payload(found.payload)
+    rngs = saved.trainer_rng
+    if len(rngs) != len(job.trainers):
+        # Another trainer world size (or an older checkpoint): every rank takes rank 0's streams.
+        rngs = [None] * len(job.trainers)
+    ray.get([t.load_state_dict.remote(saved.trainer, rng) for t, rng in zip(job.trainers, rngs)])
+    ray.get(job.rollout.load_data_state.remote(saved.data_source))
+    start = found.rollout_id + 1
+    ray.get(job.rollout.update_weights.remote(str(start)))
+    return start
+
+
+class _Rollouts:
+    """Rollout k's samples, generated in the background: in async mode rollout k+1 starts as soon
+    as k is taken (it trains while k+1 generates); otherwise after k is trained and saved."""
+
+    def __init__(self, manager, start: int, num_rollout: int, *, overlap: bool):
+        self._manager, self._num_rollout, self._overlap = manager, num_rollout, overlap
+        self.in_flight = manager.generate.remote(start) if start < num_rollout else None
+
+    def take(self, rollout_id: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        import ray
+
+        samples, metrics = ray.get(self.in_flight)
+        self.in_flight = None
+        if self._overlap and rollout_id + 1 < self._num_rollout:
+            self.in_flight = self._manager.generate.remote(rollout_id + 1)
+        return samples, metrics
+
+    def start_next(self, rollout_id: int) -> None:
+        if self.in_flight is None and rollout_id + 1 < self._num_rollout:
+            self.in_flight = self._manager.generate.remote(rollout_id + 1)
+
+
+def _evaluate(job: Job, rollout_id: int) -> dict[str, float]:
+    import ray
+
+    every = _eval_interval(job.spec)
+    if every and (rollout_id + 1) % every == 0:
+        return ray.get(job.rollout.evaluate.remote(rollout_id + 1))
+    return {}
+
+
+def _eval_interval(spec) -> int | None:
+    return spec.eval.interval if spec.eval.datasets else None
+
+
+def _save(job: Job, rollout_id: int) -> dict[str, Any] | None:
+    """A checkpoint when due (every checkpoint.interval rollouts, and after the last one): its
+    rollout, path and time, else None."""
+    import ray
+
+    from rlkube_runtime.trainer.checkpoint import save_checkpoint
+
+    spec = job.spec
+    num_rollout, interval = spec.training.num_rollout, spec.checkpoint.interval
+    if not ((interval and (rollout_id + 1) % interval == 0) or rollout_id + 1 == num_rollout):
+        return None
+    saved = JobCheckpoint(
+        trainer=ray.get(job.trainers[0].state_dict.remote()),
+        trainer_rng=ray.get([t.rng_state.remote() for t in job.trainers]),
+        # The data position as of the next rollout's start (in async mode rollout k+1 already
+        # took its prompts; its checkpointed position is from before).
+        data_source=ray.get(job.rollout.data_state.remote(rollout_id + 1)),
+        progress={"rollout_id": rollout_id, "num_rollout": num_rollout},
+    )
+    path = save_checkpoint(job.plan.checkpoint_root, rollout_id, saved.payload(), keep=spec.checkpoint.keep)
+    return {"rollout": rollout_id, "path": str(path), "time": datetime.now(timezone.utc)}
+
+
+def _report(job: Job, rollout_id: int, metrics: dict[str, Any], checkpoint: dict[str, Any] | None, *, seconds: float) -> None:
+    """The rollout's metrics to the log, TensorBoard and Prometheus; progress to the RLJob's status."""
+    import ray
+
+    num_rollout = job.spec.training.num_rollout
+    restarts = ray.get(job.rollout.take_engine_restarts.remote())
+    job.engine_restarts += restarts
+    if restarts:
+        job.logger.prometheus.count_engine_restarts(restarts)
+    metrics["rollout/engine_restarts"] = float(restarts)
+    if checkpoint is not None:
+        metrics["checkpoint/last_time"] = checkpoint["time"].timestamp()
+    metrics["perf/step_time"] = seconds
+    metrics["progress/rollout"] = rollout_id
+    metrics["progress/num_rollout"] = num_rollout
+    job.logger.log(rollout_id, metrics)
+    if job.reporter is not None:
+        job.reporter.report(
+            rollout_id + 1,
+            num_rollout,
+            last_checkpoint=checkpoint,
+            metrics={"reward_mean": metrics.get("rollout/raw_reward"), "kl": metrics.get("train/kl_loss"),
+                     "step_seconds": seconds},
+            engine_restarts=job.engine_restarts,
+        )
+
+
+def _train(job: Job, rollout_id: int, samples, *, sync_version: int | None, in_flight=None) -> dict[str, float]:
     """Train on one rollout, then (when due) sync the weights to the engines; a rollout still in
     flight (async mode) finishes on the old weights first, as in slime's async loop.
 
@@ -275,6 +379,7 @@ def _train(
     """
     import ray
 
+    trainers, rollout, shares_gpus = job.trainers, job.rollout, job.shares_gpus
     metrics: dict[str, float] = {}
     handoff = 0.0
     started = time.monotonic()
@@ -312,10 +417,10 @@ def _weight_pushers(spec, topology) -> tuple[list[int], str]:
     from rlkube_runtime.topology import weight_sync_transport
 
     transport = weight_sync_transport(
-        str(getattr(spec.training.update_weights_transport, "value", spec.training.update_weights_transport)),
+        spec.training.update_weights_transport,
         placement=topology.placement,
         device=topology.device,
-        engine=str(getattr(spec.rollout.engine, "value", spec.rollout.engine)),
+        engine=spec.rollout.engine,
         gpus_per_engine=spec.rollout.gpus_per_engine,
     )
     owners = []
@@ -357,7 +462,7 @@ def _plan_topology(spec):
 
     resources = ray.cluster_resources()
     return plan_topology(
-        placement=str(getattr(spec.resources.placement, "value", spec.resources.placement)),
+        placement=spec.resources.placement,
         trainer_nodes=spec.resources.trainer.nodes,
         trainer_gpus_per_node=spec.resources.trainer.gpus_per_node,
         rollout_gpus=spec.resources.rollout.gpus,

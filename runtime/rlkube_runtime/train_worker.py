@@ -17,13 +17,7 @@ from rlkube_runtime.algorithms import compute_advantages, compute_approx_kl
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.trainer.batch import TrainBatch
-from rlkube_runtime.trainer.config import (
-    BatchingConfig,
-    LossConfig,
-    ModelConfig,
-    OptimizerConfig,
-    TrainerConfig,
-)
+from rlkube_runtime.trainer.config import TrainerConfig
 from rlkube_runtime.trainer.rng import capture_rng_state, restore_rng_state
 from rlkube_runtime.trainer.torch_backend import TorchBackend
 
@@ -33,7 +27,7 @@ SUPPORTED_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_p
 
 def check_trainer_supports(spec: RLJobSpec) -> None:
     """Fail at start, naming the field, for settings this trainer cannot honour."""
-    estimator = _value(spec.algorithm.advantage_estimator)
+    estimator = spec.algorithm.advantage_estimator
     if estimator not in SUPPORTED_ESTIMATORS:
         raise ValueError(
             f"spec.algorithm.advantageEstimator: {estimator!r} needs a critic model, which the torch "
@@ -63,24 +57,8 @@ class TrainerWorker:
             backend = "nccl" if device == "cuda" else "gloo"
             torch.distributed.init_process_group(backend, rank=rank, world_size=world_size)
         # The model comes from the driver (a built tiny checkpoint, the HF checkpoint, or the
-        # weights of a resumed run), so the model config is built here, not read from the spec.
-        model = ModelConfig(
-            hf_checkpoint=hf_checkpoint,
-            ref_load=self.spec.model.ref_load,
-            dtype=_value(self.spec.model.dtype),
-        )
-        optimizer = OptimizerConfig.from_spec(self.spec)
-        if optimizer.decay_steps is None and optimizer.lr_decay_style != "constant":
-            total_steps = self.spec.training.num_rollout * self.spec.training.num_steps_per_rollout
-            optimizer = dataclasses.replace(optimizer, decay_steps=total_steps)
-        self.config = TrainerConfig(
-            model=model,
-            optimizer=optimizer,
-            batching=BatchingConfig.from_spec(self.spec),
-            loss=LossConfig.from_spec(self.spec),
-            temperature=self.spec.rollout.temperature,
-            seed=self.spec.training.seed,
-        )
+        # weights of a resumed run), not from spec.model.hfCheckpoint.
+        self.config = TrainerConfig.from_spec(self.spec, hf_checkpoint=hf_checkpoint)
         self.backend = TorchBackend(self.config, device=device if device == "cpu" else None)
         self.rank = rank
         self._sender = None  # a weight_sync.WeightSender, made at the first push
@@ -102,11 +80,11 @@ class TrainerWorker:
             ref = self.backend.compute_log_probs(batch, model="ref")
             batch = batch.with_fields(ref_log_probs=ref.log_probs)
             kl = [
-                compute_approx_kl(o, r, _value(algo.kl_loss_type))
+                compute_approx_kl(o, r, algo.kl_loss_type)
                 for o, r in zip(old.log_probs, ref.log_probs)
             ]
         advantages, _returns = compute_advantages(
-            _value(algo.advantage_estimator),
+            algo.advantage_estimator,
             rewards=[float(s.reward) for s in batch_samples],
             group_size=self.spec.rollout.n_samples_per_prompt,
             loss_masks=batch.loss_masks,
@@ -142,7 +120,7 @@ class TrainerWorker:
 
             self._sender = WeightSender(
                 self.backend.model,
-                dtype=getattr(torch, engine_dtype(_value(self.spec.model.dtype), self.backend.device.type)),
+                dtype=getattr(torch, engine_dtype(self.spec.model.dtype, self.backend.device.type)),
                 bucket_bytes=self.spec.training.update_weight_buffer_mb << 20,
                 device=self.backend.device,
                 node_ip=_node_ip(),
@@ -207,8 +185,3 @@ def _node_ip() -> str:
     except ImportError:
         pass
     return "127.0.0.1"
-
-
-def _value(field: Any) -> str:
-    """An enum field's string (the spec's enums are str enums)."""
-    return str(getattr(field, "value", field))
