@@ -18,6 +18,9 @@ install:
 
 install-dev:
 	$(PIP_INSTALL) -e '.[dev]'
+	# SGLang's wheel for its argument parser only (the conformance tests): its declared
+	# dependencies would pull a CUDA torch build, the few its import needs are in the dev extra.
+	$(PIP_INSTALL) --no-deps sglang==0.5.8
 
 controlplane:
 	bash tests/controlplane/build.sh

@@ -125,7 +125,7 @@ def _check_data(job: RLJob, model_path: str) -> None:
     if job.spec.data.apply_chat_template:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=job.spec.model.trust_remote_code)
     try:
         load_prompt_dataset_from_spec(job.spec.data, tokenizer=tokenizer)
         for dataset in job.spec.eval.datasets:
@@ -152,7 +152,9 @@ class Job:
     plan: RunPlan
     trainers: list[Any]  # TrainerWorker handles, rank order
     rollout: Any  # the RolloutManager handle
-    shares_gpus: bool  # colocated on GPUs: trainer and engines take turns with the memory
+    # Colocated: trainer and engines take turns with the device memory. On a CPU there is nothing
+    # to free, but the turns run the same way, so the local run tests the order a GPU run needs.
+    takes_turns: bool
     logger: Any  # MetricsLogger
     reporter: Any  # RLJobStatusReporter, or None outside a cluster
     engine_restarts: int = 0  # the job's total, earlier attempts included
@@ -238,8 +240,7 @@ def _start(plan: RunPlan, cluster: str) -> Job:
     logger = MetricsLogger(plan.job.metadata.name, plan.output_dir, prometheus_port=int(metrics_port) if metrics_port else None)
     reporter = _status_reporter()
     trainers, rollout = _start_actors(plan, topology, cluster)
-    # On CPU "memory" is the machine's RAM, shared anyway; the hand-off matters on GPUs.
-    job = Job(plan, trainers, rollout, shares_gpus=topology.placement == "colocated" and topology.device == "cuda",
+    job = Job(plan, trainers, rollout, takes_turns=topology.placement == "colocated",
               logger=logger, reporter=reporter,
               engine_restarts=reporter.engine_restarts_so_far() if reporter is not None else 0)
     job.pushers = _weight_pushers(spec, topology)
@@ -251,7 +252,7 @@ def _prepare(job: Job) -> None:
     pushes them weights, and how."""
     import ray
 
-    if job.shares_gpus:
+    if job.takes_turns:
         ray.get([t.release_memory.remote() for t in job.trainers])
     ray.get(job.rollout.set_weight_pushers.remote(job.trainers, *job.pushers, str(job.plan.output_dir / "weights")))
 
@@ -372,24 +373,25 @@ def _train(job: Job, rollout_id: int, samples, *, sync_version: int | None, in_f
     """Train on one rollout, then (when due) sync the weights to the engines; a rollout still in
     flight (async mode) finishes on the old weights first, as in slime's async loop.
 
-    Colocated on GPUs the phases take turns with the memory: the engines give theirs up for the
-    train phase; after it the trainer keeps only its weights while the engines take their
-    weights back and the sync copies into them, then the trainer offloads the rest and the
-    engines get their KV cache back. Returns the train metrics and perf/ seconds of each step.
+    Colocated, the phases take turns with the memory, in slime's order: the engines give theirs
+    up for the train phase; after it the trainer keeps only its weights while the engines take
+    their weights back and the sync copies into them, then the trainer offloads the rest and the
+    engines get their KV cache back (weights, sync, KV: the peak stays one model plus the cache).
+    Returns the train metrics and perf/ seconds of each step.
     """
     import ray
 
-    trainers, rollout, shares_gpus = job.trainers, job.rollout, job.shares_gpus
+    trainers, rollout, takes_turns = job.trainers, job.rollout, job.takes_turns
     metrics: dict[str, float] = {}
     handoff = 0.0
     started = time.monotonic()
-    if shares_gpus:
+    if takes_turns:
         ray.get(rollout.release_memory.remote())
         ray.get([t.resume_memory.remote() for t in trainers])
         metrics["perf/handoff_to_train_time"] = handoff = time.monotonic() - started
     metrics.update(ray.get([t.train.remote(rollout_id, samples) for t in trainers])[0])
     metrics["perf/actor_train_time"] = time.monotonic() - started - handoff
-    if shares_gpus:
+    if takes_turns:
         back = time.monotonic()
         ray.get([t.release_memory.remote(keep_weights=sync_version is not None) for t in trainers])
         ray.get(rollout.resume_memory.remote(["weights"]))
@@ -402,7 +404,7 @@ def _train(job: Job, rollout_id: int, samples, *, sync_version: int | None, in_f
         metrics["perf/update_weights_time"] = time.monotonic() - sync_start
         metrics["perf/update_weights_push_time"] = report["seconds"]
         metrics["perf/update_weights_bytes"] = float(report["bytes_per_engine"])
-    if shares_gpus:
+    if takes_turns:
         back = time.monotonic()
         if sync_version is not None:
             ray.get([t.release_memory.remote() for t in trainers])
@@ -511,6 +513,13 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
     manager_cls = ray.remote(RolloutManager)
     # The router runs inside the manager's process: on a rollout pod when the operator made some.
     router_pod = {ROUTER_RESOURCE: 0.01} if ROUTER_RESOURCE in ray.cluster_resources() else {}
+    engine_gpus = None
+    if topology.placement == "colocated" and topology.device == "cuda" and topology.gpus_per_engine > 1:
+        # Ray shows each actor its own bundle's GPU only: an engine over several GPUs is given
+        # those of the trainer ranks it shares by id (waiting for the ranks to exist).
+        from rlkube_runtime.topology import colocated_engine_gpus
+
+        engine_gpus = colocated_engine_gpus(ray.get([t.gpus.remote() for t in trainers]), topology.gpus_per_engine)
     rollout = manager_cls.options(num_cpus=0, max_concurrency=16, resources=router_pod).remote(
         spec_dict,
         model_path=plan.model_path,
@@ -519,6 +528,7 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
         engine_bundles=list(topology.engine_bundles),
         engine_resources=topology.engine_actor_resources,
         device=topology.device,
+        engine_gpu_ids=engine_gpus,
     )
     ray.get([t.ready.remote() for t in trainers] + [rollout.start.remote()])
     return trainers, rollout

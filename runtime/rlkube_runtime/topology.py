@@ -134,6 +134,25 @@ def _cpu_plan(placement: str, cpus: int) -> Topology:
     )
 
 
+def colocated_engine_gpus(trainer_gpus: list[tuple[str, list[int]]], gpus_per_engine: int) -> list[tuple[int, ...]]:
+    """The GPUs of each colocated engine: engine j shares the GPUs of trainer ranks
+    j*gpusPerEngine .. (j+1)*gpusPerEngine - 1 (one bundle each), given each rank's (node IP,
+    Ray GPU ids). Ray shows an actor only its own bundle's GPU, so an engine over several GPUs
+    must be given the others by id; they must be on one node."""
+    engines = []
+    for first in range(0, len(trainer_gpus), gpus_per_engine):
+        ranks = trainer_gpus[first : first + gpus_per_engine]
+        nodes = sorted({node for node, _ in ranks})
+        if len(nodes) > 1:
+            raise ValueError(
+                f"spec.rollout.gpusPerEngine: colocated engine {first // gpus_per_engine} would share the GPUs of trainer "
+                f"ranks {first}..{first + gpus_per_engine - 1}, which Ray placed on different nodes {nodes}; make "
+                "resources.trainer.gpusPerNode a multiple of gpusPerEngine"
+            )
+        engines.append(tuple(gpu for _, gpus in ranks for gpu in gpus))
+    return engines
+
+
 def engine_dtype(model_dtype: str, device: str) -> str:
     """The dtype rollout engines hold the weights in (and weight syncs send): the training dtype
     on a GPU; float32 on a CPU, where bf16 kernels are slow and the trainer computes in float32."""

@@ -66,6 +66,15 @@ class TrainerWorker:
     def ready(self) -> bool:
         return True
 
+    def gpus(self) -> tuple[str, list[int]]:
+        """(this rank's node IP, the GPU ids Ray gave it): a colocated engine over several GPUs is
+        handed its ranks' GPUs by id."""
+        import ray
+
+        from rlkube_runtime.rollout.launch import node_ip
+
+        return node_ip(), [int(i) for i in ray.get_gpu_ids()]
+
     def train(self, rollout_id: int, samples: list[dict[str, Any]]) -> dict[str, float]:
         """Train on one rollout's samples (as `Sample.to_dict()`); returns slime-named metrics."""
         batch_samples = [Sample.from_dict(s) for s in samples]
@@ -115,6 +124,7 @@ class TrainerWorker:
 
     def _weight_sender(self):
         if self._sender is None:
+            from rlkube_runtime.rollout.launch import node_ip
             from rlkube_runtime.topology import engine_dtype
             from rlkube_runtime.weight_sync import WeightSender
 
@@ -123,7 +133,7 @@ class TrainerWorker:
                 dtype=getattr(torch, engine_dtype(self.spec.model.dtype, self.backend.device.type)),
                 bucket_bytes=self.spec.training.update_weight_buffer_mb << 20,
                 device=self.backend.device,
-                node_ip=_node_ip(),
+                node_ip=node_ip(),
                 save_hf=self.save_hf,
                 engine_ranks=self.spec.rollout.gpus_per_engine if self.backend.device.type == "cuda" else 1,
             )
@@ -173,15 +183,3 @@ def logprob_abs_diff(trainer: list[torch.Tensor], engine: list[torch.Tensor], ma
     total = sum(float(((t - e).abs() * m).sum()) for t, e, m in zip(trainer, engine, masks))
     count = sum(float(m.sum()) for m in masks)
     return total / count if count else 0.0
-
-
-def _node_ip() -> str:
-    """This rank's address as other nodes reach it (an engine joining a weight-sync group)."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return "127.0.0.1"

@@ -56,3 +56,20 @@ def test_the_runtime_asks_for_the_resources_the_operator_gives_its_pods():
         topology.ROLLOUT_RESOURCE,
         topology.ROUTER_RESOURCE,
     )
+
+
+def test_a_colocated_engine_over_two_gpus_gets_both_of_its_ranks_gpus():
+    from rlkube_runtime.topology import colocated_engine_gpus
+
+    ranks = [("10.0.0.1", [0]), ("10.0.0.1", [1]), ("10.0.0.1", [2]), ("10.0.0.1", [3])]
+    assert colocated_engine_gpus(ranks, 2) == [(0, 1), (2, 3)]
+    assert colocated_engine_gpus(ranks, 1) == [(0,), (1,), (2,), (3,)]
+
+
+def test_a_colocated_engine_cannot_span_nodes():
+    import pytest
+
+    from rlkube_runtime.topology import colocated_engine_gpus
+
+    with pytest.raises(ValueError, match=r"spec\.rollout\.gpusPerEngine: colocated engine 0"):
+        colocated_engine_gpus([("10.0.0.1", [0]), ("10.0.0.2", [0])], 2)

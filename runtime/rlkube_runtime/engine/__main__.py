@@ -44,6 +44,10 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         "engines on one machine give each a share",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--trust-remote-code", action="store_true",
+        help="run the Python code the checkpoint ships (its model or tokenizer classes); only for checkpoints you trust",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.num_threads is not None:
@@ -70,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         cuda_graphs=not args.disable_cuda_graph,
         mem_fraction_static=args.mem_fraction_static,
         max_total_tokens=args.max_total_tokens,
+        trust_remote_code=args.trust_remote_code,
     )
 
 

@@ -49,6 +49,7 @@ class EngineConfig:
     # Share of the GPU's memory the engine may hold (weights + KV cache), as SGLang's option.
     mem_fraction_static: float = 0.8
     max_total_tokens: int | None = None  # KV cache slots at most (default: what the memory share allows)
+    trust_remote_code: bool = False  # run the checkpoint's own model/tokenizer code
 
 
 class Engine:
@@ -81,8 +82,9 @@ class Engine:
         if config.dtype not in dtypes:
             raise ValueError(f"dtype must be one of {list(dtypes)}, got {config.dtype!r}")
         dtype = dtypes[config.dtype]
-        tokenizer = AutoTokenizer.from_pretrained(config.model_path)
-        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+        remote = {"trust_remote_code": True} if config.trust_remote_code else {}
+        tokenizer = AutoTokenizer.from_pretrained(config.model_path, **remote)
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype, **remote)
         model.to(config.device).eval()
         return cls(config, model, tokenizer)
 

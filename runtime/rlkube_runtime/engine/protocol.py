@@ -37,8 +37,12 @@ _NEUTRAL_GENERATE_FIELDS = {
 }
 
 # Sampling parameters SGLang defines that the built-in engine does not implement; accepted only at
-# the value that means "off", so a request never silently samples differently than asked.
+# the value that means "off", so a request never silently samples differently than asked. With
+# the fields of `SamplingParams` below they cover every parameter of SGLang 0.5.8's SamplingParams
+# (tests/unit/engine/test_engine_protocol.py checks that against the installed sglang).
 _NEUTRAL_SAMPLING_FIELDS = {
+    # SGLang's frontend client (RuntimeEndpoint) always sends it, as [] when unused.
+    "stop_regex": None,
     "min_p": 0.0,
     "min_new_tokens": 0,
     "frequency_penalty": 0.0,

@@ -10,6 +10,32 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rlkube_runtime.spec import RLJobSpec
+from rlkube_runtime.topology import engine_dtype
+
+
+def engine_actor_options(
+    spec: RLJobSpec, index: int, *, model_path: str, log_dir: str, device: str, gpu_ids: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """The `EngineActor` arguments of engine `index` of a job, read from its spec in one place:
+    the rollout manager starts its engines with them, and the README's and the conformance
+    test's SGLang lines come from them too, so those show what production runs."""
+    rollout = spec.rollout
+    return {
+        "engine": rollout.engine,
+        "model_path": model_path,
+        "log_dir": log_dir,
+        "name": f"engine-{index}",
+        "seed": spec.training.seed + index,  # each engine its own sampling streams, as slime's seed + rank
+        "device": device,
+        "gpus_per_engine": rollout.gpus_per_engine,
+        "dtype": engine_dtype(spec.model.dtype, device),
+        "colocated": spec.resources.placement == "colocated",
+        "trust_remote_code": spec.model.trust_remote_code,
+        "sglang_args": dict(rollout.sglang_args),
+        "gpu_ids": tuple(gpu_ids),  # empty: the GPUs Ray gives the actor
+    }
+
 
 class EngineActor:
     def __init__(
@@ -23,7 +49,11 @@ class EngineActor:
         device: str,
         gpus_per_engine: int = 1,
         dtype: str = "float32",
+        colocated: bool = False,
+        trust_remote_code: bool = False,
         sglang_args: dict[str, Any] | None = None,
+        host: str | None = None,
+        gpu_ids: tuple[int, ...] = (),
     ):
         self.engine = engine
         self.model_path = model_path
@@ -33,30 +63,44 @@ class EngineActor:
         self.device = device
         self.gpus_per_engine = gpus_per_engine
         self.dtype = dtype
+        self.colocated = colocated
+        self.trust_remote_code = trust_remote_code
         self.sglang_args = sglang_args or {}
+        self.host = host  # None: this node's IP, found when the engine starts
+        self.gpu_ids = tuple(gpu_ids)  # colocated engines over several GPUs: all of them, by id
         self._process = None
         self._restarts = 0
 
-    def start(self) -> str:
-        from rlkube_runtime.rollout.launch import start_engine
+    def launch_options(self) -> dict[str, Any]:
+        """The `start_engine` arguments of this engine's next start (no process is started)."""
+        from rlkube_runtime.rollout.launch import node_ip
 
-        engine_args: dict[str, Any] = {"dtype": self.dtype}
+        engine_args: dict[str, Any] = {}
         if self.engine == "builtin" and self.device == "cpu":
             # The engine shares the machine with the trainer: one thread each keeps them from
             # fighting over the cores.
             engine_args["num-threads"] = 1
-        self._process = start_engine(
-            kind=self.engine,
-            model_path=self.model_path,
-            log_dir=self.log_dir,
-            name=f"{self.name}-{self._restarts}",
-            seed=self.seed,
-            device=self.device,
-            tp_size=self.gpus_per_engine,
-            sglang_args=self.sglang_args,
-            engine_args=engine_args,
-            gpu_ids=_ray_gpu_ids(),
-        )
+        return {
+            "kind": self.engine,
+            "model_path": self.model_path,
+            "log_dir": self.log_dir,
+            "name": f"{self.name}-{self._restarts}",
+            "seed": self.seed,
+            "device": self.device,
+            "tp_size": self.gpus_per_engine,
+            "host": self.host or node_ip(),
+            "dtype": self.dtype,
+            "colocated": self.colocated,
+            "trust_remote_code": self.trust_remote_code,
+            "sglang_args": self.sglang_args,
+            "engine_args": engine_args,
+            "gpu_ids": self.gpu_ids or _ray_gpu_ids(),
+        }
+
+    def start(self) -> str:
+        from rlkube_runtime.rollout.launch import start_engine
+
+        self._process = start_engine(**self.launch_options())
         return self._process.url
 
     def restart(self) -> str:
@@ -74,10 +118,16 @@ class EngineActor:
 
 
 def _ray_gpu_ids() -> list[int]:
+    """The GPUs Ray gave this actor; outside Ray (tests), those CUDA_VISIBLE_DEVICES names.
+
+    `ray.get_gpu_ids()` would start a whole local Ray when none is running: ask only inside one."""
     try:
         import ray
 
-        return [int(i) for i in ray.get_gpu_ids()]
-    except Exception:  # outside Ray (tests) there are no assigned GPUs
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        return [int(i) for i in visible.split(",") if i.strip().isdigit()]
+        if ray.is_initialized():
+            return [int(i) for i in ray.get_gpu_ids()]
+    except Exception:  # a worker without GPU bookkeeping: fall back to the environment
+        pass
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return [int(i) for i in visible.split(",") if i.strip().isdigit()]
+

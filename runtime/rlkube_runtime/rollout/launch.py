@@ -1,10 +1,12 @@
 """Start rollout engines and the real sglang-router as child processes, and keep them in hand.
 
 Engines are either the built-in engine (`python -m rlkube_runtime.engine`) or SGLang
-(`python -m sglang.launch_server`); both speak the same HTTP protocol, so everything after
-start-up is the same. Each process gets its own log file, its own session (so its whole process
-tree can be signalled) and a parent-death signal, and is stopped at interpreter exit: no process
-outlives the one that started it.
+(`python -m sglang.launch_server`, its flags from `sglang_args.sglang_server_args`); both speak the
+same HTTP protocol, so everything after start-up is the same. An engine counts as ready, as in
+slime, once `/health_generate` answers (a real one-token generation) and `/flush_cache` succeeds.
+Each process gets its own log file, its own session (so its whole process tree can be signalled)
+and a parent-death signal, and is stopped at interpreter exit: no process outlives the one that
+started it.
 
 sglang-router 0.3.2 facts this module relies on (checked against the installed package): workers
 are managed with `POST /workers {"url"}` (202, queued), `GET /workers` and
@@ -31,13 +33,20 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-ArgValue = str | int | float | bool | None | Sequence[str | int | float]
+from rlkube_runtime.rollout.sglang_args import (
+    ArgValue,
+    EngineNode,
+    SGLangServerConfig,
+    cli_flags,
+    flag_name,
+    sglang_server_args,
+)
 
 ENGINE_KINDS = ("builtin", "sglang")
 # Options of `python -m rlkube_runtime.engine` a caller may pass through `engine_args`.
 BUILTIN_ENGINE_OPTIONS = (
     "dtype", "max-running-requests", "context-length", "num-threads", "weight-version", "log-level", "runner",
-    "disable-cuda-graph", "mem-fraction-static", "max-total-tokens",
+    "disable-cuda-graph", "mem-fraction-static", "max-total-tokens", "trust-remote-code",
 )
 
 
@@ -56,7 +65,15 @@ class EngineLaunchSpec:
     seed: int = 0
     device: str = "cpu"
     tp_size: int = 1
+    # Loopback is the default for a launcher used on one machine only (tests, a private local
+    # Ray); inside a Ray cluster the engine actor passes its node's IP, which other pods reach.
     host: str = "127.0.0.1"
+    dtype: str | None = None  # None: the engine's own default
+    colocated: bool = False  # shares its GPUs with trainer ranks (SGLang: memory saver, smaller static share)
+    trust_remote_code: bool = False  # spec.model.trustRemoteCode
+    node: EngineNode = EngineNode()  # which node of a multi-node SGLang engine this process is
+    base_gpu_id: int | None = None  # SGLang only; None: the first GPU the process sees
+    # Extra flags: rlkube's own for either kind, plus spec.rollout.sglangArgs for kind 'sglang'.
     engine_args: Mapping[str, ArgValue] = dataclasses.field(default_factory=dict)
     gpu_ids: tuple[int, ...] = ()
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -117,9 +134,12 @@ class ManagedProcess:
         _LIVE.discard(self)
         self._finalizer.detach()
 
-    def wait_until_ready(self, url: str, path: str, timeout_s: float, what: str) -> None:
+    def wait_until_ready(
+        self, url: str, path: str, timeout_s: float, what: str, *, method: str = "GET", request_timeout_s: float = 2.0
+    ) -> None:
         """Poll `url + path` until it answers 200; fail fast, quoting the log, if the process dies."""
         deadline = time.monotonic() + timeout_s
+        last = "no answer"
         while True:
             if not self.alive():
                 raise ProcessStartError(
@@ -127,13 +147,15 @@ class ManagedProcess:
                     f"last lines of {self.log_path}:\n{self.log_tail()}"
                 )
             with contextlib.suppress(OSError, urllib.error.URLError):
-                if http_request("GET", url + path, timeout_s=2.0)[0] == 200:
+                status, body = http_request(method, url + path, timeout_s=request_timeout_s)
+                if status == 200:
                     return
+                last = f"HTTP {status}: {body[:200].decode(errors='replace')}"
             if time.monotonic() > deadline:
                 self.stop()
                 raise ProcessStartError(
-                    f"{what} did not answer {url}{path} within {timeout_s:.0f} s; stopped it. "
-                    f"Last lines of {self.log_path}:\n{self.log_tail()}"
+                    f"{what} did not answer {method} {url}{path} with 200 within {timeout_s:.0f} s (last: {last}); "
+                    f"stopped it. Last lines of {self.log_path}:\n{self.log_tail()}"
                 )
             time.sleep(0.1)
 
@@ -141,18 +163,33 @@ class ManagedProcess:
 class EngineProcess(ManagedProcess):
     """One running engine; `url` is what the router and clients talk to."""
 
-    def __init__(self, spec: EngineLaunchSpec, port: int):
+    def __init__(self, spec: EngineLaunchSpec, port: int, nccl_port: int | None = None):
         self.spec = spec
         self.port = port
+        # SGLang's NCCL rendezvous port, picked with the HTTP port as slime does, and never the
+        # HTTP port itself (the kernel may hand a just-released port out twice).
+        if nccl_port is None and spec.kind == "sglang":
+            nccl_port = _other_free_port(spec.host, port)
+        self.nccl_port = nccl_port
         self.url = f"http://{spec.host}:{port}"
         env = dict(spec.env)
         if spec.gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_ids)
         log_path = pathlib.Path(spec.log_dir) / f"{spec.name}.log"
-        super().__init__(engine_command(spec, port), log_path=log_path, env=env)
+        super().__init__(engine_command(spec, port, self.nccl_port), log_path=log_path, env=env)
 
     def wait_ready(self) -> EngineProcess:
-        self.wait_until_ready(self.url, "/health", self.spec.startup_timeout_s, f"engine {self.spec.name!r} ({self.spec.kind})")
+        """Ready as slime counts it: `/health_generate` answers 200, a real one-token generation
+        (`/health` answers as soon as the HTTP server is up), then `/flush_cache` succeeds, which
+        SGLang refuses while any request, that health check included, is still in the scheduler;
+        the engine then starts with an empty cache and an idle scheduler."""
+        what = f"engine {self.spec.name!r} ({self.spec.kind})"
+        deadline = time.monotonic() + self.spec.startup_timeout_s
+        # A generation can take seconds on a loaded GPU: a short per-request timeout would only
+        # make the poll give up on answers that were coming.
+        self.wait_until_ready(self.url, "/health_generate", self.spec.startup_timeout_s, what, request_timeout_s=30.0)
+        remaining = max(deadline - time.monotonic(), 10.0)
+        self.wait_until_ready(self.url, "/flush_cache", remaining, what, method="POST", request_timeout_s=30.0)
         return self
 
     def restart(self, *, name: str | None = None) -> EngineProcess:
@@ -162,26 +199,52 @@ class EngineProcess(ManagedProcess):
         return EngineProcess(spec, free_port(spec.host)).wait_ready()
 
 
-def engine_command(spec: EngineLaunchSpec, port: int) -> list[str]:
-    """The command line that starts `spec` on `port`."""
+def engine_command(spec: EngineLaunchSpec, port: int, nccl_port: int | None = None) -> list[str]:
+    """The command line that starts `spec` on `port` (SGLang also gets `nccl_port` when given)."""
     if spec.kind == "builtin":
-        unknown = sorted(set(map(_flag_name, spec.engine_args)) - set(BUILTIN_ENGINE_OPTIONS))
-        if unknown:
-            raise ValueError(
-                f"engine_args {unknown} are not options of the built-in engine; it takes {list(BUILTIN_ENGINE_OPTIONS)} "
-                "(SGLang-only arguments apply with kind='sglang')"
-            )
-        if spec.tp_size != 1:
-            raise ValueError(f"tp_size={spec.tp_size}: the built-in engine runs on one device; use kind='sglang' for tensor parallelism")
-        device = "cuda" if spec.device.startswith("cuda") and spec.gpu_ids else spec.device
-        base = [sys.executable, "-m", "rlkube_runtime.engine", "--model-path", spec.model_path, "--host", spec.host,
-                "--port", str(port), "--seed", str(spec.seed), "--device", device]
-    elif spec.kind == "sglang":
-        base = [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model_path, "--host", spec.host,
-                "--port", str(port), "--tp-size", str(spec.tp_size), "--random-seed", str(spec.seed)]
-    else:
-        raise ValueError(f"engine kind must be one of {list(ENGINE_KINDS)}, got {spec.kind!r}")
-    return base + cli_flags(spec.engine_args)
+        return builtin_engine_command(spec, port)
+    if spec.kind == "sglang":
+        return [sys.executable, "-m", "sglang.launch_server", *sglang_server_args(sglang_config(spec, port, nccl_port))]
+    raise ValueError(f"engine kind must be one of {list(ENGINE_KINDS)}, got {spec.kind!r}")
+
+
+def builtin_engine_command(spec: EngineLaunchSpec, port: int) -> list[str]:
+    """`python -m rlkube_runtime.engine ...`; refuses what the built-in engine cannot do, by name."""
+    unknown = sorted(set(map(flag_name, spec.engine_args)) - set(BUILTIN_ENGINE_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"engine_args {unknown} are not options of the built-in engine; it takes {list(BUILTIN_ENGINE_OPTIONS)} "
+            "(SGLang-only arguments apply with kind='sglang')"
+        )
+    if spec.tp_size != 1:
+        raise ValueError(f"tp_size={spec.tp_size}: the built-in engine runs on one device; use kind='sglang' for tensor parallelism")
+    device = "cuda" if spec.device.startswith("cuda") and spec.gpu_ids else spec.device
+    base = [sys.executable, "-m", "rlkube_runtime.engine", "--model-path", spec.model_path, "--host", spec.host,
+            "--port", str(port), "--seed", str(spec.seed), "--device", device]
+    extra = dict(spec.engine_args)
+    if spec.trust_remote_code:
+        extra["trust-remote-code"] = True
+    if spec.dtype is not None:
+        extra = {"dtype": spec.dtype, **{k: v for k, v in extra.items() if flag_name(k) != "dtype"}}
+    return base + cli_flags(extra)
+
+
+def sglang_config(spec: EngineLaunchSpec, port: int, nccl_port: int | None = None) -> SGLangServerConfig:
+    """What `sglang_server_args` needs from a launch spec; `engine_args` (with sglangArgs) come last."""
+    return SGLangServerConfig(
+        model_path=spec.model_path,
+        host=spec.host,
+        port=port,
+        nccl_port=nccl_port,
+        tp_size=spec.tp_size,
+        seed=spec.seed,
+        dtype=spec.dtype or "auto",
+        colocated=spec.colocated,
+        trust_remote_code=spec.trust_remote_code,
+        node=spec.node,
+        base_gpu_id=spec.base_gpu_id,
+        user_args=dict(spec.engine_args),
+    )
 
 
 def start_engine(
@@ -195,19 +258,22 @@ def start_engine(
     tp_size: int = 1,
     host: str = "127.0.0.1",
     port: int | None = None,
+    dtype: str | None = None,
+    colocated: bool = False,
+    trust_remote_code: bool = False,
     sglang_args: Mapping[str, ArgValue] | None = None,
     engine_args: Mapping[str, ArgValue] | None = None,
     gpu_ids: Sequence[int] = (),
     env: Mapping[str, str] | None = None,
     startup_timeout_s: float = 600.0,
 ) -> EngineProcess:
-    """Start one engine and return once its `/health` answers 200.
+    """Start one engine and return once it is ready (`EngineProcess.wait_ready`).
 
     `sglang_args` (for kind 'sglang') and `engine_args` (either kind) become `--key value` flags;
     `True` is a bare flag, `False`/`None` are left out. Raises `ProcessStartError` quoting the
     engine's log if it exits or is not healthy within `startup_timeout_s`.
     """
-    spec = _engine_spec(locals())
+    spec = engine_launch_spec(locals())
     return EngineProcess(spec, port or free_port(host)).wait_ready()
 
 
@@ -222,7 +288,7 @@ def start_engines(count: int, *, log_dir: str, name_prefix: str = "engine", seed
         kwargs["engine_args"] = engine_args
     try:
         for i in range(count):
-            spec = _engine_spec({**kwargs, "log_dir": log_dir, "name": f"{name_prefix}-{i}", "seed": seed + i})
+            spec = engine_launch_spec({**kwargs, "log_dir": log_dir, "name": f"{name_prefix}-{i}", "seed": seed + i})
             started.append(EngineProcess(spec, free_port(spec.host)))
         return [engine.wait_ready() for engine in started]
     except BaseException:
@@ -341,27 +407,31 @@ def restart_engine(engine: EngineProcess, router: RouterProcess | None = None) -
 # ---- helpers -------------------------------------------------------------------------------
 
 
-def cli_flags(args: Mapping[str, ArgValue]) -> list[str]:
-    """`{"tp_size": 2, "enable-x": True, "off": False, "urls": ["a", "b"]}` →
-    `--tp-size 2 --enable-x --urls a b` (underscores become dashes; False/None are left out)."""
-    flags: list[str] = []
-    for key, value in args.items():
-        flag = "--" + _flag_name(key)
-        if value is True:
-            flags.append(flag)
-        elif value is None or value is False:
-            continue
-        elif isinstance(value, (list, tuple)):
-            flags += [flag, *map(str, value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
+def node_ip() -> str:
+    """This node's IP as other nodes (pods) reach it: Ray's node address inside Ray. Outside Ray
+    (the launcher used on one machine, tests) nothing else needs to reach us: loopback."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _other_free_port(host: str, taken: int) -> int:
+    """A free port that is not `taken` (the kernel may hand a just-released port out again)."""
+    while True:
+        port = free_port(host)
+        if port != taken:
+            return port
 
 
 def http_request(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, bytes]:
@@ -381,7 +451,8 @@ def stop_all() -> None:
         process.stop(timeout_s=5.0)
 
 
-def _engine_spec(options: Mapping[str, Any]) -> EngineLaunchSpec:
+def engine_launch_spec(options: Mapping[str, Any]) -> EngineLaunchSpec:
+    """The launch spec `start_engine(**options)` starts (sglang_args merged into engine_args)."""
     kind = options.get("kind", "builtin")
     engine_args = dict(options.get("engine_args") or {})
     sglang_args = dict(options.get("sglang_args") or {})
@@ -394,10 +465,6 @@ def _engine_spec(options: Mapping[str, Any]) -> EngineLaunchSpec:
     values["gpu_ids"] = tuple(options.get("gpu_ids") or ())
     values["env"] = dict(options.get("env") or {})
     return EngineLaunchSpec(**values)
-
-
-def _flag_name(key: str) -> str:
-    return key.lstrip("-").replace("_", "-")
 
 
 def _expect(status: int, body: bytes, ok: int | tuple[int, ...], what: str) -> None:

@@ -19,7 +19,7 @@ from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.data.source import PromptSource
 from rlkube_runtime.plugins import load_callable
 from rlkube_runtime.rewards.hub import compute_rewards
-from rlkube_runtime.rollout.engine_actor import EngineActor
+from rlkube_runtime.rollout.engine_actor import EngineActor, engine_actor_options
 from rlkube_runtime.rollout.generate import (
     GenerateContext,
     SamplingConfig,
@@ -28,7 +28,6 @@ from rlkube_runtime.rollout.generate import (
 )
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.spec.base import builtin_filter_name
-from rlkube_runtime.topology import engine_dtype
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,11 +48,13 @@ class RolloutManager:
         engine_bundles: list[int] | None = None,
         engine_resources: dict[str, float] | None = None,
         device: str = "cpu",
+        engine_gpu_ids: list[tuple[int, ...]] | None = None,
     ):
         self.spec = RLJobSpec.model_validate(spec)
         self.model_path = model_path
         self.log_dir = log_dir
         self._placement_group = placement_group
+        self._engine_gpu_ids = engine_gpu_ids or []  # per engine; empty: what Ray gives its actor
         self._engine_bundles = engine_bundles or [None]
         self._engine_resources = engine_resources or {}
         self._device = device
@@ -92,7 +93,7 @@ class RolloutManager:
         from rlkube_runtime.rollout.client import RolloutClient
         from rlkube_runtime.rollout.launch import RouterProcess
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=spec.model.trust_remote_code)
         self.source = PromptSource.from_spec(
             spec.data, n_samples_per_prompt=spec.rollout.n_samples_per_prompt, tokenizer=self.tokenizer
         )
@@ -138,18 +139,31 @@ class RolloutManager:
         for client in (self._client, self._reward_client, *self._admins.values()):
             if client is not None:
                 await client.close()
+        await asyncio.to_thread(self._deregister_engines)
         # The engines and the router stop independently: at the same time.
         engines_stopped = asyncio.gather(*(e.stop.remote() for e in self._engines), return_exceptions=True)
         if self._router is not None:
             await asyncio.to_thread(self._router.stop)
         await engines_stopped
 
+    def _deregister_engines(self) -> None:
+        """Take every engine out of the router by its worker id before the engines stop, as a
+        replacement does, so the router never routes to an engine that is going away. Best
+        effort: a router that is already gone has nothing left to route."""
+        if self._router is None or not self._router.alive():
+            return
+        for url in self._urls:
+            try:
+                self._router.remove_worker(url, wait=False)
+            except (OSError, RuntimeError) as err:  # URLError is an OSError; RuntimeError: a non-2xx answer
+                log.warning("could not deregister engine %s from the router at shutdown: %s", url, err)
+
     def _create_engines(self) -> list[Any]:
-        """One EngineActor per engine bundle (not started yet)."""
+        """One EngineActor per engine bundle (not started yet), its arguments read from the spec by
+        `engine_actor_options` (seed = training.seed + the engine's index)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        spec = self.spec
         actor_cls = ray.remote(EngineActor)
         engines = []
         for j, bundle in enumerate(self._engine_bundles):
@@ -161,19 +175,11 @@ class RolloutManager:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=self._placement_group, placement_group_bundle_index=bundle
                 )
-            engines.append(
-                actor_cls.options(**options).remote(
-                    engine=_value(spec.rollout.engine),
-                    model_path=self.model_path,
-                    log_dir=self.log_dir,
-                    name=f"engine-{j}",
-                    seed=spec.training.seed + j,
-                    device=self._device,
-                    gpus_per_engine=spec.rollout.gpus_per_engine,
-                    dtype=engine_dtype(_value(spec.model.dtype), self._device),
-                    sglang_args=dict(spec.rollout.sglang_args),
-                )
+            gpus = self._engine_gpu_ids[j] if j < len(self._engine_gpu_ids) else ()
+            arguments = engine_actor_options(
+                self.spec, j, model_path=self.model_path, log_dir=self.log_dir, device=self._device, gpu_ids=gpus
             )
+            engines.append(actor_cls.options(**options).remote(**arguments))
         return engines
 
     # -- one rollout ----------------------------------------------------------------------
@@ -480,7 +486,3 @@ def _engine_unreachable(error: BaseException) -> bool:
     if isinstance(error, EngineHTTPError):
         return error.status >= 500
     return isinstance(error, (aiohttp.ClientConnectionError, asyncio.TimeoutError))
-
-
-def _value(field: Any) -> str:
-    return str(getattr(field, "value", field))

@@ -52,6 +52,12 @@ class ModelSpec(SpecModel):
         description="Extra Megatron-core arguments, passed as --<key> <value> (true -> a bare flag, false -> "
         "omitted). Keys without the leading dashes, e.g. {num-layers: 36}. Default: none.",
     )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Run the Python code the checkpoint ships (its own model or tokenizer classes) wherever it is "
+        "loaded: the trainer, the built-in engine, SGLang (--trust-remote-code). Only for checkpoints you trust. "
+        "Default false.",
+    )
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16",
         description="Training precision of the trainer. One of bfloat16, float16, float32. Default bfloat16.",

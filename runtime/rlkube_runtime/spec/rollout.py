@@ -9,6 +9,25 @@ from pydantic import Field, model_validator
 from .base import BUILTIN_FILTERS, CallablePath, FilterRef, ScalarMap, SpecModel, cel_rules, cross_field_error, immutable_field
 
 
+# Flags whose value the launcher wires into the rest of the job (the URL registered with the
+# router, the GPUs the engine was given, the checkpoint the trainer also loads, the other nodes of
+# a multi-node engine): a value from spec.rollout.sglangArgs would silently break that wiring, so
+# it is refused, naming what decides the flag instead.
+MANAGED_SGLANG_FLAGS = {
+    "model-path": "spec.model.hfCheckpoint",
+    "host": "the pod's IP (chosen by rlkube)",
+    "port": "a free port on the pod (chosen by rlkube)",
+    "nccl-port": "a free port on the pod (chosen by rlkube)",
+    "tp-size": "spec.rollout.gpusPerEngine",
+    "nnodes": "spec.rollout.gpusPerEngine and the GPUs of one rollout pod",
+    "node-rank": "the node's place in its engine (chosen by rlkube)",
+    "dist-init-addr": "the first node of the engine (chosen by rlkube)",
+    "base-gpu-id": "the GPUs Ray gave the engine (CUDA_VISIBLE_DEVICES)",
+}
+# SGLang's own spellings of two of them.
+_SGLANG_FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "nccl-init-addr": "dist-init-addr"}
+
+
 class RolloutSpec(SpecModel):
     """Generation: prompts per rollout, samples per prompt, sampling parameters and the engines.
 
@@ -110,6 +129,12 @@ class RolloutSpec(SpecModel):
             ))
         if self.top_k == 0:
             violations.append(("topK", "topK must be -1 (disabled) or at least 1, got 0"))
+        for key in self.sglang_args:
+            name = key.lstrip("-").replace("_", "-")
+            name = _SGLANG_FLAG_ALIASES.get(name, name)
+            if name in MANAGED_SGLANG_FLAGS:
+                violations.append((f"sglangArgs.{key}", f"rlkube sets --{name} itself (from {MANAGED_SGLANG_FLAGS[name]}); "
+                                   "remove it from sglangArgs"))
         if violations:
             raise cross_field_error(violations)
         return self

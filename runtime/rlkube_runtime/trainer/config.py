@@ -206,6 +206,7 @@ class ModelConfig:
     ref_load: str | None = None
     dtype: str = "bfloat16"
     attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False  # run the checkpoint's own model/tokenizer code (spec.model.trustRemoteCode)
 
     def __post_init__(self) -> None:
         if not self.hf_checkpoint:
@@ -229,7 +230,8 @@ class ModelConfig:
             )
         dtype = _get(m, "dtype", cls.dtype)
         dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(str(dtype), str(dtype))
-        return cls(hf_checkpoint=str(path), ref_load=_get(m, "ref_load", None), dtype=dtype)
+        return cls(hf_checkpoint=str(path), ref_load=_get(m, "ref_load", None), dtype=dtype,
+                   trust_remote_code=bool(_get(m, "trust_remote_code", False)))
 
 
 @dataclass(frozen=True)

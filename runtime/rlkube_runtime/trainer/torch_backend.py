@@ -62,7 +62,9 @@ class TorchBackend:
         self.compute_dtype = _DTYPES[config.model.dtype] if self.device.type == "cuda" else torch.float32
         torch.manual_seed(config.seed)
 
-        self.model = _load_causal_lm(config.model.hf_checkpoint, config.model.attn_implementation).to(self.device)
+        self.model = _load_causal_lm(
+            config.model.hf_checkpoint, config.model.attn_implementation, config.model.trust_remote_code
+        ).to(self.device)
         self._train_module: torch.nn.Module = ResponseLogits(self.model)
         if self.world_size > 1:
             self._train_module = DistributedDataParallel(
@@ -73,7 +75,9 @@ class TorchBackend:
         self.ref_model: torch.nn.Module | None = None
         if config.loss.needs_ref_model:
             ref_path = config.model.ref_load or config.model.hf_checkpoint
-            self.ref_model = _load_causal_lm(ref_path, config.model.attn_implementation).to(self.device)
+            self.ref_model = _load_causal_lm(ref_path, config.model.attn_implementation, config.model.trust_remote_code).to(
+                self.device
+            )
             self.ref_model.requires_grad_(False).eval()
 
         self.optimizer = _make_adamw(self.model, config)
@@ -215,7 +219,9 @@ class TorchBackend:
         state = {k: v.detach().to("cpu", torch.float32) for k, v in self.model.state_dict().items()}
         self.model.save_pretrained(directory, state_dict=state)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(self.config.model.hf_checkpoint)
+            tokenizer = AutoTokenizer.from_pretrained(
+                self.config.model.hf_checkpoint, trust_remote_code=self.config.model.trust_remote_code
+            )
         except (OSError, ValueError) as err:
             raise RuntimeError(
                 f"could not copy the tokenizer of model.hf_checkpoint={self.config.model.hf_checkpoint!r} "
@@ -392,14 +398,14 @@ class ResponseLogits(torch.nn.Module):
         return self.lm.get_output_embeddings()(hidden[rows, cols])
 
 
-def _load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
+def _load_causal_lm(path: str, attn_implementation: str, trust_remote_code: bool = False) -> torch.nn.Module:
     import transformers
     from transformers import AutoModelForCausalLM
 
     # transformers 5 renamed torch_dtype to dtype.
     dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     return AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation=attn_implementation, **{dtype_kw: torch.float32}
+        path, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code, **{dtype_kw: torch.float32}
     )
 
 

@@ -1,6 +1,11 @@
 """Malformed requests get HTTP 400 naming the field; valid ones are normalised like SGLang does."""
 
+import asyncio
+import dataclasses
+import inspect
+
 import pytest
+from sglang_testutil import require_pinned_sglang
 
 from rlkube_runtime.engine import protocol
 from rlkube_runtime.engine.protocol import ProtocolError, parse_generate
@@ -132,3 +137,78 @@ def test_memory_tags_default_to_all():
     assert protocol.parse_memory_tags(None) == protocol.MEMORY_TAGS
     with pytest.raises(ProtocolError, match="tags"):
         protocol.parse_memory_tags({"tags": []})
+
+
+# ---- what SGLang's own code sends (the pinned sglang wheel, installed without its dependencies) ----
+
+# A value other than "off" for each SGLang sampling parameter the built-in engine does not implement.
+NOT_NEUTRAL = {
+    "stop_regex": ["[0-9]+"], "min_p": 0.1, "min_new_tokens": 2, "frequency_penalty": 0.5, "presence_penalty": 0.5,
+    "repetition_penalty": 1.2, "json_schema": '{"type": "string"}', "regex": "a+", "ebnf": 'root ::= "a"',
+    "structural_tag": '{"type": "structural_tag"}', "logit_bias": {"1": 2.0}, "custom_params": {"k": 1},
+    "stream_interval": 2, "spaces_between_special_tokens": False,
+}
+
+
+def _sglang_sampling_defaults() -> dict:
+    """Every parameter of SGLang's SamplingParams (srt/sampling/sampling_params.py) at its default."""
+    require_pinned_sglang()
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
+
+    parameters = inspect.signature(SGLangSamplingParams.__init__).parameters
+    return {name: p.default for name, p in parameters.items() if name != "self"}
+
+
+def test_every_sglang_sampling_parameter_is_implemented_or_accepted_only_when_off():
+    implemented = {f.name for f in dataclasses.fields(protocol.SamplingParams)}
+    off_only = set(protocol._NEUTRAL_SAMPLING_FIELDS)
+    sglang = set(_sglang_sampling_defaults())
+    assert sglang - implemented - off_only == set(), "SGLang sampling parameters the built-in engine does not know"
+    assert off_only == set(NOT_NEUTRAL), "each off-only parameter needs a refused value below"
+
+
+async def test_all_of_sglangs_sampling_parameters_at_their_defaults_generate(client):
+    body = {"text": "ab", "sampling_params": {**_sglang_sampling_defaults(), "max_new_tokens": 2, "ignore_eos": True}}
+    response = await client.post("/generate", json=body)
+    assert response.status == 200, await response.text()
+    assert len((await response.json())["output_ids"]) == 2
+
+
+@pytest.mark.parametrize("field", sorted(NOT_NEUTRAL))
+async def test_an_sglang_sampling_parameter_the_engine_does_not_implement_is_refused_by_name_unless_off(client, field):
+    response = await client.post("/generate", json={"text": "ab", "sampling_params": {field: NOT_NEUTRAL[field]}})
+    assert response.status == 400
+    error = await response.json()
+    assert error["param"] == f"sampling_params.{field}" and "not supported by the built-in engine" in error["message"]
+
+
+async def test_sglangs_frontend_client_generates_against_the_builtin_engine(client, monkeypatch):
+    """sglang.RuntimeEndpoint and an `sgl.function` program, unchanged, against the built-in engine:
+    the body is the one SGLang's client builds (stop_regex included, as [])."""
+    require_pinned_sglang()
+    import sglang as sgl
+    from sglang.lang.backend import runtime_endpoint
+
+    bodies = []
+    send = runtime_endpoint.http_request
+
+    def recording(url, json=None, **kwargs):
+        bodies.append((url, json))
+        return send(url, json=json, **kwargs)
+
+    monkeypatch.setattr(runtime_endpoint, "http_request", recording)
+
+    @sgl.function
+    def answer(s):
+        s += "3>" + sgl.gen("reply", max_tokens=3, temperature=0)
+
+    def run():  # the client blocks; the engine serves on this test's event loop
+        backend = runtime_endpoint.RuntimeEndpoint(str(client.make_url("")).rstrip("/"))
+        state = answer.run(backend=backend)
+        return state["reply"], state.get_meta_info("reply")
+
+    reply, meta = await asyncio.to_thread(run)
+    generate = [body for url, body in bodies if url.endswith("/generate")]
+    assert len(generate) == 1 and generate[0]["sampling_params"]["stop_regex"] == []
+    assert meta["finish_reason"] == {"type": "length", "length": 3} and meta["completion_tokens"] == 3
+    assert isinstance(reply, str)

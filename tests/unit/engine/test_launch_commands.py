@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from rlkube_runtime.rollout.launch import EngineLaunchSpec, RouterProcess, _engine_spec, cli_flags, engine_command
+from rlkube_runtime.rollout.launch import EngineLaunchSpec, RouterProcess, engine_launch_spec, cli_flags, engine_command
 
 
 def test_cli_flags_turn_a_dict_into_flags():
@@ -14,19 +14,19 @@ def test_cli_flags_turn_a_dict_into_flags():
 
 
 def test_sglang_command_has_model_address_parallelism_seed_and_pass_through_args():
-    spec = _engine_spec({"kind": "sglang", "model_path": "/m", "log_dir": "/l", "name": "e0", "seed": 3, "tp_size": 2,
+    spec = engine_launch_spec({"kind": "sglang", "model_path": "/m", "log_dir": "/l", "name": "e0", "seed": 3, "tp_size": 2,
                          "sglang_args": {"mem_fraction_static": 0.7, "enable-metrics": True, "log-requests": False}})
-    command = engine_command(spec, port=30001)
+    command = engine_command(spec, port=30001, nccl_port=30002)
     assert command[:3] == [sys.executable, "-m", "sglang.launch_server"]
     joined = " ".join(command)
-    for part in ["--model-path /m", "--host 127.0.0.1", "--port 30001", "--tp-size 2", "--random-seed 3",
-                 "--mem-fraction-static 0.7", "--enable-metrics"]:
+    for part in ["--model-path /m", "--host 127.0.0.1", "--port 30001", "--nccl-port 30002", "--tp-size 2",
+                 "--random-seed 3", "--skip-server-warmup", "--mem-fraction-static 0.7", "--enable-metrics"]:
         assert part in joined
     assert "--log-requests" not in joined
 
 
 def test_builtin_command_and_its_argument_checks():
-    spec = _engine_spec({"model_path": "/m", "log_dir": "/l", "name": "e0", "seed": 5, "engine_args": {"max_running_requests": 8}})
+    spec = engine_launch_spec({"model_path": "/m", "log_dir": "/l", "name": "e0", "seed": 5, "engine_args": {"max_running_requests": 8}})
     command = engine_command(spec, port=31000)
     assert command[:3] == [sys.executable, "-m", "rlkube_runtime.engine"]
     assert " ".join(command).endswith("--seed 5 --device cpu --max-running-requests 8")
@@ -37,7 +37,7 @@ def test_builtin_command_and_its_argument_checks():
     with pytest.raises(ValueError, match="tp_size=2"):
         engine_command(EngineLaunchSpec(kind="builtin", model_path="/m", log_dir="/l", name="e", tp_size=2), 1)
     with pytest.raises(ValueError, match="sglang_args"):
-        _engine_spec({"model_path": "/m", "log_dir": "/l", "name": "e", "sglang_args": {"x": 1}})
+        engine_launch_spec({"model_path": "/m", "log_dir": "/l", "name": "e", "sglang_args": {"x": 1}})
     with pytest.raises(ValueError, match="kind"):
         engine_command(EngineLaunchSpec(kind="vllm", model_path="/m", log_dir="/l", name="e"), 1)
 

@@ -1,0 +1,60 @@
+"""When an engine process counts as ready: after /health_generate, then /flush_cache (as slime waits).
+
+A stub HTTP server stands in for the engine: `/health` is up at once, `/health_generate` answers 503
+a few times (SGLang does while its scheduler starts), `/flush_cache` refuses once (SGLang does
+while a request, the health check's included, is still in its scheduler).
+"""
+
+import pathlib
+import sys
+
+from rlkube_runtime.rollout.launch import EngineLaunchSpec, EngineProcess, ManagedProcess, free_port
+
+STUB = r"""
+import http.server, sys
+calls = {"/health_generate": 0, "/flush_cache": 0}
+ANSWERS = {"/health_generate": [503, 503, 503, 200], "/flush_cache": [400, 200]}
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        if self.path == "/health":
+            status = 200
+        else:
+            n = calls[self.path] = calls[self.path] + 1
+            status = ANSWERS[self.path][min(n, len(ANSWERS[self.path])) - 1]
+        print(self.command, self.path, status, flush=True)
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    do_GET = do_POST = answer
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def _stub_engine(tmp_path: pathlib.Path) -> EngineProcess:
+    """An EngineProcess whose process is the stub server instead of an engine command."""
+    port = free_port()
+    spec = EngineLaunchSpec(kind="builtin", model_path="/unused", log_dir=str(tmp_path), name="stub", startup_timeout_s=30)
+    engine = EngineProcess.__new__(EngineProcess)
+    engine.spec, engine.port, engine.nccl_port, engine.url = spec, port, None, f"http://127.0.0.1:{port}"
+    ManagedProcess.__init__(engine, [sys.executable, "-c", STUB, str(port)], log_path=tmp_path / "stub.log")
+    return engine
+
+
+def test_engine_is_ready_only_after_a_real_generation_and_a_successful_cache_flush(tmp_path):
+    engine = _stub_engine(tmp_path)
+    try:
+        assert engine.wait_ready() is engine
+        calls = [line for line in engine.log_tail(100).splitlines() if line.startswith(("GET", "POST"))]
+    finally:
+        engine.stop()
+    # /health alone never made it ready; the generation check passed before any flush, and the
+    # flush was retried until it succeeded.
+    assert all(" /health " not in line for line in calls)
+    assert calls == [
+        "GET /health_generate 503", "GET /health_generate 503", "GET /health_generate 503", "GET /health_generate 200",
+        "POST /flush_cache 400", "POST /flush_cache 200",
+    ]

@@ -1,0 +1,142 @@
+"""The SGLang launch line derived from the job (pure: no process, no SGLang installed)."""
+
+import pytest
+
+from rlkube_runtime.rollout.engine_actor import EngineActor, engine_actor_options
+from rlkube_runtime.rollout.launch import builtin_engine_command, engine_launch_spec
+from rlkube_runtime.rollout.sglang_args import (
+    COLOCATED_MEM_FRACTION_STATIC,
+    EngineNode,
+    SGLangServerConfig,
+    engine_nodes,
+    sglang_server_args,
+)
+from rlkube_runtime.spec import RLJobSpec
+
+BASE = dict(model_path="/models/qwen", host="10.0.0.7", port=30000, nccl_port=30001, tp_size=2, seed=42, dtype="bfloat16")
+
+
+def flags_of(argv: list[str]) -> list[str]:
+    return [token for token in argv if token.startswith("--")]
+
+
+def test_separate_engine_line_is_exactly_the_derived_flags_in_order():
+    assert sglang_server_args(SGLangServerConfig(**BASE)) == [
+        "--model-path", "/models/qwen", "--host", "10.0.0.7", "--port", "30000", "--nccl-port", "30001",
+        "--tp-size", "2", "--random-seed", "42", "--dtype", "bfloat16", "--skip-server-warmup",
+    ]
+
+
+def test_colocated_engine_saves_memory_and_leaves_room_for_the_trainer():
+    argv = sglang_server_args(SGLangServerConfig(**BASE, colocated=True))
+    assert argv[-3:] == ["--enable-memory-saver", "--mem-fraction-static", str(COLOCATED_MEM_FRACTION_STATIC)]
+
+
+def test_trust_remote_code_only_when_asked():
+    assert "--trust-remote-code" not in sglang_server_args(SGLangServerConfig(**BASE))
+    assert "--trust-remote-code" in sglang_server_args(SGLangServerConfig(**BASE, trust_remote_code=True))
+
+
+def test_user_args_come_last_replace_derived_flags_and_no_flag_appears_twice():
+    user = {"mem_fraction_static": 0.55, "skip-server-warmup": False, "enable-metrics": True, "dtype": "float16"}
+    argv = sglang_server_args(SGLangServerConfig(**BASE, colocated=True, user_args=user))
+    flags = flags_of(argv)
+    assert len(flags) == len(set(flags))
+    assert "--skip-server-warmup" not in flags  # false drops the derived bare flag
+    # The user's flags close the line, in the user's order, with the user's values.
+    assert argv[-5:] == ["--mem-fraction-static", "0.55", "--enable-metrics", "--dtype", "float16"]
+    assert "--enable-memory-saver" in flags
+
+
+@pytest.mark.parametrize(("key", "governed_by"), [
+    ("port", "chosen by rlkube"),
+    ("model_path", "spec.model.hfCheckpoint"),
+    ("tensor-parallel-size", "spec.rollout.gpusPerEngine"),  # an alias of --tp-size is caught too
+    ("nccl-init-addr", "first node"),
+    ("base-gpu-id", "CUDA_VISIBLE_DEVICES"),
+])
+def test_flags_rlkube_wires_itself_are_refused_from_sglang_args_naming_the_field(key, governed_by):
+    with pytest.raises(ValueError, match=rf"spec\.rollout\.sglangArgs\.{key}: .*{governed_by}"):
+        sglang_server_args(SGLangServerConfig(**BASE, user_args={key: 1}))
+
+
+def test_one_flag_spelled_twice_in_sglang_args_is_refused():
+    with pytest.raises(ValueError, match="given twice"):
+        sglang_server_args(SGLangServerConfig(**BASE, user_args={"mem-fraction-static": 0.5, "mem_fraction_static": 0.6}))
+
+
+def test_a_dtype_sglang_does_not_take_is_refused_naming_it():
+    with pytest.raises(ValueError, match="'fp8'.*bfloat16"):
+        sglang_server_args(SGLangServerConfig(**{**BASE, "dtype": "fp8"}))
+
+
+def test_base_gpu_id_only_when_given():
+    assert "--base-gpu-id" not in sglang_server_args(SGLangServerConfig(**BASE))
+    assert sglang_server_args(SGLangServerConfig(**BASE, base_gpu_id=4))[-2:] == ["--base-gpu-id", "4"]
+
+
+def test_an_engine_that_fits_one_pod_is_one_node_without_multi_node_flags():
+    assert engine_nodes(8, 8, head_address="10.0.1.1", dist_port=29600) == [EngineNode()]
+    flags = flags_of(sglang_server_args(SGLangServerConfig(**BASE)))
+    assert not {"--nnodes", "--node-rank", "--dist-init-addr"} & set(flags)
+
+
+def test_an_engine_over_two_pods_runs_one_server_per_node_meeting_at_node_zero():
+    nodes = engine_nodes(16, 8, head_address="10.0.1.1", dist_port=29600)
+    assert nodes == [EngineNode(2, 0, "10.0.1.1:29600"), EngineNode(2, 1, "10.0.1.1:29600")]
+    second = sglang_server_args(SGLangServerConfig(**{**BASE, "tp_size": 16}, node=nodes[1]))
+    assert second[-6:] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.1.1:29600"]
+
+
+def test_an_engine_that_does_not_fill_whole_pods_is_refused_naming_gpus_per_engine():
+    with pytest.raises(ValueError, match=r"spec\.rollout\.gpusPerEngine\(12\).*multiple of 8"):
+        engine_nodes(12, 8, head_address="10.0.1.1", dist_port=29600)
+    with pytest.raises(ValueError, match="dist_init_addr"):
+        sglang_server_args(SGLangServerConfig(**BASE, node=EngineNode(nnodes=2, node_rank=1)))
+
+
+def _spec(model: dict | None = None, **rollout) -> RLJobSpec:
+    return RLJobSpec.model_validate({
+        "model": {"hfCheckpoint": "/models/qwen", "dtype": "bfloat16", **(model or {})},
+        "data": {"promptData": "/data/p.jsonl"},
+        "rollout": {"batchSize": 4, "nSamplesPerPrompt": 2, "gpusPerEngine": 2, **rollout},
+        "reward": {"type": "exact"},
+        "training": {"seed": 100, "globalBatchSize": 8, "numRollout": 1},
+        "resources": {"placement": "colocated", "trainer": {"nodes": 1, "gpusPerNode": 4}},
+    })
+
+
+def test_engine_j_gets_seed_plus_j_the_placement_and_the_spec_fields():
+    spec = _spec(sglangArgs={"enable-metrics": True}, model={"trustRemoteCode": True})
+    options = [engine_actor_options(spec, j, model_path="/models/qwen", log_dir="/l", device="cuda") for j in range(2)]
+    assert [o["seed"] for o in options] == [100, 101]
+    assert options[0]["colocated"] is True and options[0]["trust_remote_code"] is True
+    assert options[0]["dtype"] == "bfloat16" and options[0]["gpus_per_engine"] == 2
+    launch = engine_launch_spec(EngineActor(**options[1], host="10.0.0.2").launch_options())
+    assert (launch.seed, launch.host, launch.colocated, launch.trust_remote_code) == (101, "10.0.0.2", True, True)
+    assert launch.engine_args == {"enable-metrics": True}
+
+
+def test_an_engine_actor_outside_ray_listens_on_loopback():
+    options = engine_actor_options(_spec(), 0, model_path="/m", log_dir="/l", device="cuda")
+    assert EngineActor(**options).launch_options()["host"] == "127.0.0.1"
+
+
+def test_the_builtin_engine_gets_trust_remote_code_only_when_asked():
+    asked = engine_launch_spec({"model_path": "/m", "log_dir": "/l", "name": "e", "trust_remote_code": True})
+    assert "--trust-remote-code" in builtin_engine_command(asked, 30000)
+    plain = engine_launch_spec({"model_path": "/m", "log_dir": "/l", "name": "e"})
+    assert "--trust-remote-code" not in builtin_engine_command(plain, 30000)
+
+
+def test_the_builtin_engine_line_carries_the_dtype_once():
+    launch = engine_launch_spec({"model_path": "/m", "log_dir": "/l", "name": "e", "dtype": "bfloat16",
+                                 "engine_args": {"num-threads": 1}})
+    command = builtin_engine_command(launch, 30000)
+    assert command.count("--dtype") == 1 and command[-4:] == ["--dtype", "bfloat16", "--num-threads", "1"]
+
+
+def test_gpus_given_by_id_reach_the_engine_process():
+    options = engine_actor_options(_spec(), 0, model_path="/m", log_dir="/l", device="cuda", gpu_ids=(2, 3))
+    launch = engine_launch_spec(EngineActor(**options).launch_options())
+    assert launch.gpu_ids == (2, 3)
