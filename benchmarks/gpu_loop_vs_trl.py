@@ -78,6 +78,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qwen3_shape import QWEN3_06B, SPECIALS, TINY, build_checkpoint  # noqa: E402  (the GPU benchmarks' model)
+from trl_settings import grpo_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SIDES = ("colocated", "separate", "trl")
@@ -458,36 +459,11 @@ def _trl_worker(config_path: Path) -> int:
         use_cpu=not cfg["cuda"],
         bf16=cfg["cuda"],
         use_vllm=False,
-        gradient_checkpointing=False,  # GRPOConfig defaults to True; rlkube's recompute defaults to none
         per_device_train_batch_size=cfg["micro_batch"],
         gradient_accumulation_steps=samples // cfg["micro_batch"],  # one optimizer step per generation
         generation_batch_size=samples,  # one generate call of batch x n completions per step
-        num_generations=cfg["n_samples"],
-        max_completion_length=cfg["max_response_len"],
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        max_steps=cfg["rollouts"],
-        learning_rate=cfg["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        optim="adamw_torch",
-        weight_decay=0.1,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_epsilon=1e-8,
-        max_grad_norm=1.0,
-        beta=0.0,  # no KL term (rlkube: useKlLoss false), so no reference model
-        epsilon=0.2,
-        loss_type="grpo",  # mean over each sample's tokens, then over samples (rlkube: perTokenLoss false)
-        scale_rewards="group",
-        num_iterations=1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=cfg["seed"],
-        dataloader_num_workers=0,
-        disable_tqdm=True,
+        **grpo_settings(rollouts=cfg["rollouts"], lr=cfg["lr"], n_samples=cfg["n_samples"],
+                        max_response_len=cfg["max_response_len"], seed=cfg["seed"]),
     )
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg["model_dtype"]]
     model = AutoModelForCausalLM.from_pretrained(cfg["checkpoint"], dtype=dtype)

@@ -35,6 +35,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trl_settings import grpo_settings  # noqa: E402  (the TRL settings both TRL benchmarks share)
+
 TASK = "digit-successor"
 LAST_K = 3  # rollouts averaged for the "reward at the end" column
 
@@ -297,35 +300,10 @@ def _trl_worker(config_path: Path) -> int:
         output_dir=cfg["out_dir"],
         use_cpu=True,
         bf16=False,  # GRPOConfig defaults to bf16; rlkube's tiny job trains in float32
-        gradient_checkpointing=False,  # GRPOConfig defaults to True; rlkube does no recompute here
         per_device_train_batch_size=batch * n,  # one optimizer step per rollout (globalBatchSize = batch x n)
         gradient_accumulation_steps=1,
-        num_generations=n,
-        max_completion_length=cfg["max_response_len"],
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        max_steps=cfg["rollouts"],
-        learning_rate=cfg["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        optim="adamw_torch",
-        weight_decay=0.1,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_epsilon=1e-8,
-        max_grad_norm=1.0,
-        beta=0.0,  # no KL term (rlkube: useKlLoss false)
-        epsilon=0.2,
-        loss_type="grpo",  # mean over each sample's tokens, then over samples (rlkube: perTokenLoss false)
-        scale_rewards="group",  # (r - mean) / std within the group (rlkube: grpoStdNormalization true)
-        num_iterations=1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=cfg["seed"],
-        dataloader_num_workers=0,
-        disable_tqdm=True,
+        **grpo_settings(rollouts=cfg["rollouts"], lr=cfg["lr"], n_samples=n,
+                        max_response_len=cfg["max_response_len"], seed=cfg["seed"]),
     )
     model = AutoModelForCausalLM.from_pretrained(cfg["checkpoint"], dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(cfg["checkpoint"])
