@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import sys
 import time
 import traceback
@@ -491,7 +490,13 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
     def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
 
-    master_port = _free_port()
+    # Trainer ranks meet at rank 0's node (its IP, a free port there): on a cluster the ranks
+    # are pods of their own, and loopback reaches none of them.
+    master_addr, master_port = ray.get(
+        ray.remote(_rendezvous_address)
+        .options(num_cpus=0, scheduling_strategy=in_bundle(topology.trainer_bundles[0]))
+        .remote()
+    )
     trainer_cls = ray.remote(TrainerWorker)
     threads = 1 if topology.device == "cpu" else None
     trainers = [
@@ -504,6 +509,7 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
             hf_checkpoint=plan.model_path,
             rank=rank,
             world_size=topology.trainer_world_size,
+            master_addr=master_addr,
             master_port=master_port,
             device=topology.device,
             num_threads=threads,
@@ -543,7 +549,9 @@ def _status_reporter():
     return RLJobStatusReporter.from_env()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous_address() -> tuple[str, int]:
+    """(this node's IP, a free port on it), run as a Ray task on trainer rank 0's node."""
+    from rlkube_runtime.rollout.launch import free_port, node_ip
+
+    address = node_ip()
+    return address, free_port(address)

@@ -6,7 +6,9 @@ rendering (how many GPUs each pod asks for) and the runtime's placement agree by
 - separate:  trainer ranks own `nodes x gpusPerNode` GPUs; engines own `rollout.gpus` others.
 - colocated: engines share the trainer's GPUs; the trainer and the engines release memory in turn.
 On a machine without GPUs (the embedded default) the job runs one trainer rank and one engine,
-each with a share of the CPUs, whatever the GPU counts in the spec say.
+each with a share of the CPUs, whatever the GPU counts in the spec say. A cluster of CPU pods
+(the operator's layout, `pod_resources`) gets one trainer rank per trainer pod and the engines the
+spec's rollout GPUs would make.
 
 Inside a KubeRay cluster the operator labels pods with Ray custom resources (`rlkube_trainer` on
 trainer pods, `rlkube_rollout` and `rlkube_router` on rollout pods; all three on colocated ones);
@@ -52,6 +54,8 @@ def plan_topology(
     pod_resources: bool = False,
 ) -> Topology:
     if visible_gpus == 0:
+        if pod_resources:
+            return _cpu_pod_plan(placement, trainer_nodes, max(1, rollout_gpus // max(gpus_per_engine, 1)))
         return _cpu_plan(placement, cpus)
     trainer_gpus = trainer_nodes * trainer_gpus_per_node
     if trainer_gpus < 1:
@@ -104,6 +108,30 @@ def plan_topology(
         engine_bundles=engine_bundles,
         trainer_actor_resources=trainer_res,
         engine_actor_resources=engine_res,
+    )
+
+
+def _cpu_pod_plan(placement: str, trainer_nodes: int, rollout_engines: int) -> Topology:
+    """CPU pods laid out as the operator renders them: one trainer rank per trainer pod (gloo),
+    and (separate) one engine per rollout pod's worth of `rollout.gpus / gpusPerEngine`, or
+    (colocated) one engine beside each rank. Each bundle asks for its pod group's resource."""
+    trainer = tuple({"CPU": 1.0, TRAINER_RESOURCE: 1.0} for _ in range(trainer_nodes))
+    if placement == "colocated":
+        bundles, engine_bundles = trainer, tuple(range(trainer_nodes))
+    else:
+        bundles = trainer + tuple({"CPU": 1.0, ROLLOUT_RESOURCE: 1.0} for _ in range(rollout_engines))
+        engine_bundles = tuple(trainer_nodes + j for j in range(rollout_engines))
+    return Topology(
+        device="cpu",
+        placement=placement,
+        trainer_world_size=trainer_nodes,
+        num_engines=len(engine_bundles),
+        gpus_per_engine=0,
+        bundles=bundles,
+        trainer_bundles=tuple(range(trainer_nodes)),
+        engine_bundles=engine_bundles,
+        trainer_actor_resources={"CPU": 0.5},
+        engine_actor_resources={"CPU": 0.5},
     )
 
 

@@ -43,7 +43,7 @@ class TrainerWorker:
         hf_checkpoint: str,
         rank: int = 0,
         world_size: int = 1,
-        master_addr: str = "127.0.0.1",
+        master_addr: str = "127.0.0.1",  # one rank, or one machine; the driver passes rank 0's node IP
         master_port: int = 29500,
         device: str = "cpu",
         num_threads: int | None = None,

@@ -73,3 +73,13 @@ def test_a_colocated_engine_cannot_span_nodes():
 
     with pytest.raises(ValueError, match=r"spec\.rollout\.gpusPerEngine: colocated engine 0"):
         colocated_engine_gpus([("10.0.0.1", [0]), ("10.0.0.2", [0])], 2)
+
+
+def test_cpu_pods_get_one_rank_per_trainer_pod_and_the_specs_engines():
+    t = plan(visible_gpus=0, pod_resources=True, trainer_nodes=2, rollout_gpus=2, gpus_per_engine=1)
+    assert (t.device, t.trainer_world_size, t.num_engines) == ("cpu", 2, 2)
+    assert [b.get("rlkube_trainer") for b in t.bundles[:2]] == [1, 1]
+    assert [b.get("rlkube_rollout") for b in t.bundles[2:]] == [1, 1]
+    assert t.engine_bundles == (2, 3)
+    colocated = plan(visible_gpus=0, pod_resources=True, trainer_nodes=2, placement="colocated")
+    assert colocated.engine_bundles == colocated.trainer_bundles == (0, 1)

@@ -19,7 +19,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         description="rlkube's built-in rollout engine: SGLang's native HTTP API over a transformers causal LM.",
     )
     parser.add_argument("--model-path", required=True, help="HF checkpoint directory (config, safetensors, tokenizer)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on; rlkube passes the node's IP (loopback: local only)")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--seed", type=int, default=0, help="server seed; sampling streams derive from it")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")

@@ -41,7 +41,7 @@ class EngineConfig:
     dtype: str = "float32"
     max_running_requests: int = 64
     context_length: int | None = None  # default: the model's max_position_embeddings
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # local only; the launcher passes the node's IP
     port: int = 30000
     weight_version: str = "default"
     runner: str = "auto"  # slot: static KV cache (+ CUDA graphs); hf: transformers' forward; auto: slot when it can

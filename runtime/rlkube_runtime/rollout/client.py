@@ -102,7 +102,7 @@ class RolloutClient:
     """Generation through the router (or straight to one engine).
 
     ```
-    async with RolloutClient("http://127.0.0.1:30000") as client:
+    async with RolloutClient("http://127.0.0.1:30000") as client:  # an engine on this machine
         out = await client.generate({"input_ids": ids, "sampling_params": {...}, "return_logprob": True})
         await client.abort("r12-")   # every request whose rid starts with r12-, on every engine
     ```

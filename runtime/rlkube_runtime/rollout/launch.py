@@ -256,7 +256,7 @@ def start_engine(
     seed: int = 0,
     device: str = "cpu",
     tp_size: int = 1,
-    host: str = "127.0.0.1",
+    host: str = "127.0.0.1",  # local only; engine actors pass their node's IP
     port: int | None = None,
     dtype: str | None = None,
     colocated: bool = False,
@@ -306,7 +306,7 @@ class RouterProcess:
         *,
         log_dir: str,
         model_path: str | None = None,
-        host: str = "127.0.0.1",
+        host: str = "127.0.0.1",  # local only; the rollout manager passes its node's IP
         port: int | None = None,
         prometheus_port: int | None = None,
         router_args: Mapping[str, ArgValue] | None = None,
@@ -420,7 +420,7 @@ def node_ip() -> str:
     return "127.0.0.1"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1") -> int:  # the address the port is for (loopback: local only)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -91,7 +91,7 @@ class RolloutManager:
 
         import rlkube_runtime.tiny.task  # noqa: F401  (registers the builtin: prompt sets)
         from rlkube_runtime.rollout.client import RolloutClient
-        from rlkube_runtime.rollout.launch import RouterProcess
+        from rlkube_runtime.rollout.launch import RouterProcess, node_ip
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=spec.model.trust_remote_code)
         self.source = PromptSource.from_spec(
@@ -116,6 +116,8 @@ class RolloutManager:
             worker_urls=self._urls,
             log_dir=self.log_dir,
             model_path=self.model_path,
+            # On a rollout pod, reached by the other pods at its IP (loopback only off Ray).
+            host=node_ip(),
             router_args=dict(spec.rollout.router_args),
         )
         await asyncio.to_thread(self._router.start)

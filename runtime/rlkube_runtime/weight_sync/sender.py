@@ -81,7 +81,7 @@ class WeightSender:
         dtype: torch.dtype,
         bucket_bytes: int,
         device: torch.device,
-        node_ip: str = "127.0.0.1",
+        node_ip: str = "127.0.0.1",  # local only (tests); the trainer passes its node's IP
         save_hf: Callable[[str], Any] | None = None,
         engine_ranks: int = 1,
     ):
