@@ -13,6 +13,14 @@ waits out the same backoff), and after backoffSeconds x 2^n (capped) the failed 
 `<rljob>-(n+1)` is created and restarts.job becomes n+1. The runtime resumes from the latest
 complete checkpoint by itself.
 
+Kueue (spec.queueName). Each RayJob is created suspended with Kueue's queue-name label, and from
+then on its suspend flag is Kueue's: Kueue unsuspends it to admit it and suspends it again to
+preempt it, and an operator that set the flag back would fight it. The RLJob shows Queued while
+the RayJob waits. spec.suspend: true deletes the queued RayJob instead (Kueue would unsuspend an
+admitted one), which also gives its quota back; resuming creates it again, suspended and queued.
+Whether a RayJob is Kueue's is read from its own label, so a queueName set on a running job
+applies from its next RayJob on.
+
 Spec changes. The runtime reads the spec once, from the ConfigMap, when an attempt starts; the
 ConfigMap is rewritten from the live spec only when an attempt starts or resumes. Fields in
 IMMUTABLE_FIELDS are refused by the CRD's CEL transition rules; should a change get past them
@@ -207,6 +215,12 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
         message = f"spec.activeDeadlineSeconds({job.spec.active_deadline_seconds}) passed; the job ran out of time"
         return _finish_status(obs, job, plan, RLJobPhase.FAILED, "DeadlineExceeded", message, n, current)
 
+    if current is None and job.spec.suspend and job.spec.queue_name:
+        message = f"suspended: no RayJob while spec.suspend is true; resuming queues {name} in {job.spec.queue_name}"
+        _status(obs, job, plan, RLJobPhase.SUSPENDED, "Suspended", message, n, None)
+        plan.requeue_after = settings.resync_seconds
+        return plan
+
     if current is None:
         try:
             rayjob = render.render_rayjob(
@@ -216,10 +230,7 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
             return _fail_permanently(obs, plan, (exc.field, exc.message))
         refresh_configmap()
         plan.create.append(rayjob)
-        phase = RLJobPhase.SUSPENDED if job.spec.suspend else RLJobPhase.PENDING
-        reason = "Suspended" if job.spec.suspend else "RayJobCreated"
-        message = f"created RayJob {name} (attempt {n})" + (", suspended" if job.spec.suspend else "")
-        _status(obs, job, plan, phase, reason, message, n, None)
+        _status(obs, job, plan, *_created_phase(job, name, n), n, None)
         plan.requeue_after = settings.resync_seconds
         return plan
 
@@ -235,7 +246,10 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
     if attempt.phase == RLJobPhase.SUCCEEDED:
         return _finish_status(obs, job, plan, RLJobPhase.SUCCEEDED, attempt.reason, attempt.message, n, current, attempt)
 
-    phase, reason, message = _check_suspend_and_update_if_needed(job, current, attempt, plan, refresh_configmap)
+    if is_queued_by_kueue(current):
+        phase, reason, message = _leave_suspend_to_kueue(job, current, attempt, plan, refresh_configmap)
+    else:
+        phase, reason, message = _check_suspend_and_update_if_needed(job, current, attempt, plan, refresh_configmap)
     _status(obs, job, plan, phase, reason, message, n, current, attempt)
     plan.requeue_after = settings.resync_seconds
     return plan
@@ -253,10 +267,51 @@ def _plan_children(obs: Observed, ref: render.JobRef, configmap: dict[str, Any],
         plan.create.append(render.render_role_binding(ref))
 
 
+def _created_phase(job: RLJob, name: str, n: int) -> tuple[RLJobPhase, str, str]:
+    """Phase, reason and message right after creating RayJob `name` of attempt n."""
+    created = f"created RayJob {name} (attempt {n})"
+    if job.spec.suspend:
+        return RLJobPhase.SUSPENDED, "Suspended", f"{created}, suspended"
+    if job.spec.queue_name:
+        queue = job.spec.queue_name
+        return RLJobPhase.QUEUED, "Queued", f"{created}, suspended until Kueue admits it from LocalQueue {queue}"
+    return RLJobPhase.PENDING, "RayJobCreated", created
+
+
+def is_queued_by_kueue(rayjob: dict[str, Any]) -> bool:
+    """Whether the RayJob carries Kueue's queue-name label, which makes its suspend flag Kueue's."""
+    return bool((rayjob.get("metadata", {}).get("labels") or {}).get(render.KUEUE_QUEUE_LABEL))
+
+
+def _leave_suspend_to_kueue(
+    job: RLJob, current: dict[str, Any], attempt: Attempt, plan: Plan, refresh_configmap: Any
+) -> tuple[RLJobPhase, str, str]:
+    """The phase of a Kueue-managed RayJob, whose suspend flag the operator never writes.
+
+    spec.suspend deletes it: setting its flag would be undone by Kueue while the workload stays
+    admitted, and deleting also frees the quota. Suspended by Kueue (not yet admitted, or
+    preempted) is Queued; the spec file is kept current then, as the runtime reads it when Kueue
+    starts the job. Just admitted (KubeRay not caught up yet) is Starting.
+    """
+    name = current["metadata"]["name"]
+    queue = current["metadata"]["labels"][render.KUEUE_QUEUE_LABEL]
+    if job.spec.suspend:
+        plan.delete_rayjobs.append(name)
+        return (RLJobPhase.SUSPENDED, "Suspending",
+                f"deleting RayJob {name} and its place in LocalQueue {queue}; resuming queues it again")
+    if (current.get("spec") or {}).get("suspend"):
+        refresh_configmap()
+        return RLJobPhase.QUEUED, "Queued", f"RayJob {name} waits for Kueue to admit it from LocalQueue {queue}"
+    if attempt.phase in (RLJobPhase.SUSPENDED, RLJobPhase.PENDING):
+        return RLJobPhase.STARTING, "Admitted", f"Kueue admitted RayJob {name}; the Ray cluster is coming up"
+    return attempt.phase, attempt.reason, attempt.message
+
+
 def _check_suspend_and_update_if_needed(
     job: RLJob, current: dict[str, Any], attempt: Attempt, plan: Plan, refresh_configmap: Any
 ) -> tuple[RLJobPhase, str, str]:
-    """Bring the RayJob's suspend flag to spec.suspend; the phase, reason and message to show."""
+    """Bring the RayJob's suspend flag to spec.suspend (a RayJob without Kueue); the phase, reason
+    and message to show."""
     name = current["metadata"]["name"]
     want = bool(job.spec.suspend)
     if bool((current.get("spec") or {}).get("suspend")) != want:

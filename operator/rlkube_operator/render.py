@@ -13,6 +13,11 @@ RayJob layout (ray.io/v1, K8sJobMode):
   own pods by asking for those resources.
 - colocated placement: one GPU worker group `trainer` carrying all three Ray resources; the trainer
   image also has SGLang.
+- pod settings: each group's GPUs under its gpuResourceName, its affinity, nodeSelector,
+  tolerations, labels and annotations; job-wide pull secrets, priority class, /dev/shm size, labels
+  and annotations on every pod, KubeRay's job-submitter pod included when one of those is set.
+- spec.queueName: the RayJob is created suspended, labelled for Kueue, which admits it by
+  unsuspending it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import yaml
 from rlkube_runtime.spec import API_VERSION, KIND, RLJobSpec
+from rlkube_runtime.spec.resources import RolloutResources, TrainerResources
 
 from .settings import OperatorSettings
 
@@ -40,6 +46,9 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 SPEC_VOLUME = "rlkube-spec"
 SPEC_MOUNT_DIR = "/etc/rlkube"
+SHM_VOLUME = "rlkube-shm"
+SHM_MOUNT_DIR = "/dev/shm"
+RESERVED_VOLUMES = (SPEC_VOLUME, SHM_VOLUME)
 SPEC_FILE = "rljob.yaml"
 ENTRYPOINT = f"rlkube run {SPEC_MOUNT_DIR}/{SPEC_FILE}"
 
@@ -49,7 +58,6 @@ TRAINER_RESOURCE = "rlkube_trainer"
 ROLLOUT_RESOURCE = "rlkube_rollout"
 ROUTER_RESOURCE = "rlkube_router"
 
-GPU_RESOURCE = "nvidia.com/gpu"
 # A rollout pod holds whole engines and at most this many GPUs (one node of the usual GPU servers).
 MAX_GPUS_PER_ROLLOUT_POD = 8
 # KubeRay refuses RayJob names over 47 characters (its RayCluster gets a 6-character suffix, and
@@ -59,6 +67,11 @@ MAX_RLJOB_NAME_LENGTH = 40
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 HEAD_RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"}}
+# KubeRay's own submitter container (GetDefaultSubmitterContainer in ray-operator/controllers/ray/
+# common/job.go, v1.5): the head's image with these resources. rlkube renders the same container only
+# when a job-wide pod setting (pull secrets, priority, labels, annotations) must reach that pod too.
+SUBMITTER_CONTAINER = "ray-job-submitter"
+SUBMITTER_RESOURCES = {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "200Mi"}}
 RAY_PORTS = [
     {"name": "gcs-server", "containerPort": 6379},
     {"name": "dashboard", "containerPort": 8265},
@@ -240,16 +253,15 @@ def render_role_binding(ref: JobRef) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class WorkerGroup:
-    """One Ray worker group: `replicas` pods of `gpus_per_pod` GPUs each."""
+    """One Ray worker group: `replicas` pods of `gpus_per_pod` GPUs each, set up by `pods` (the
+    group's spec section: resources, GPU resource name, placement, labels)."""
 
     name: str
     replicas: int
     gpus_per_pod: int
     image: str
     ray_resources: dict[str, int]
-    resources: dict[str, Any]
-    node_selector: dict[str, str]
-    tolerations: list[dict[str, Any]]
+    pods: TrainerResources | RolloutResources
 
 
 def worker_groups(spec: RLJobSpec, settings: OperatorSettings) -> list[WorkerGroup]:
@@ -267,9 +279,7 @@ def worker_groups(spec: RLJobSpec, settings: OperatorSettings) -> list[WorkerGro
             gpus_per_pod=trainer.gpus_per_node,
             image=trainer_image,
             ray_resources=ray_resources,
-            resources=trainer.resources,
-            node_selector=trainer.node_selector,
-            tolerations=trainer.tolerations,
+            pods=trainer,
         )
 
     if res.placement == "colocated":
@@ -292,9 +302,7 @@ def worker_groups(spec: RLJobSpec, settings: OperatorSettings) -> list[WorkerGro
             gpus_per_pod=per_pod,
             image=rollout.image or trainer.image or settings.rollout_image,
             ray_resources={ROLLOUT_RESOURCE: max(per_pod, 1), ROUTER_RESOURCE: 1},
-            resources=rollout.resources,
-            node_selector=rollout.node_selector,
-            tolerations=rollout.tolerations,
+            pods=rollout,
         ),
     ]
 
@@ -340,11 +348,14 @@ def render_rayjob(
     `active_deadline_seconds` is what is left of spec.activeDeadlineSeconds for this attempt (the
     deadline covers the whole job, restarts included). KubeRay's own retries are off
     (backoffLimit 0): the operator restarts failed attempts itself, resuming from a checkpoint.
+    With spec.queueName the RayJob starts suspended: Kueue admits it by unsuspending it.
     """
     check_name(ref.name)
+    check_volumes(spec)
     groups = worker_groups(spec, settings)
     name = rayjob_name(ref.name, attempt)
     extra = {KUEUE_QUEUE_LABEL: spec.queue_name} if spec.queue_name else {}
+    head_image = spec.resources.trainer.image or settings.trainer_image
     job_spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,
         "submissionMode": "K8sJobMode",
@@ -353,12 +364,15 @@ def render_rayjob(
         # The Ray cluster goes as soon as the job ends: idle GPUs help no one. The RLJob's own
         # ttlSecondsAfterFinished (deleting the RLJob and everything it owns) is the operator's.
         "ttlSecondsAfterFinished": 0,
-        "suspend": spec.suspend,
+        "suspend": spec.suspend or bool(spec.queue_name),
         "rayClusterSpec": {
-            "headGroupSpec": _head_group(ref, spec, attempt, settings),
+            "headGroupSpec": _head_group(ref, spec, attempt, head_image),
             "workerGroupSpecs": [_worker_group(ref, spec, attempt, g) for g in groups],
         },
     }
+    submitter = _submitter_template(ref, spec, attempt, head_image)
+    if submitter is not None:
+        job_spec["submitterPodTemplate"] = submitter
     if active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = max(1, int(active_deadline_seconds))
     return {
@@ -369,11 +383,31 @@ def render_rayjob(
     }
 
 
-def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, settings: OperatorSettings) -> dict[str, Any]:
+def check_volumes(spec: RLJobSpec) -> None:
+    """Raise RenderError for user volumes that collide with the ones rlkube adds to every pod."""
+    res = spec.resources
+    for i, volume in enumerate(res.volumes):
+        if volume.get("name") in RESERVED_VOLUMES:
+            raise RenderError(
+                f"spec.resources.volumes[{i}].name",
+                f"{volume.get('name')!r} is reserved for rlkube's own volumes ({', '.join(RESERVED_VOLUMES)}); "
+                "pick another volume name",
+            )
+    if res.shared_memory_size is None:
+        return
+    for i, mount in enumerate(res.volume_mounts):
+        if str(mount.get("mountPath", "")).rstrip("/") == SHM_MOUNT_DIR:
+            raise RenderError(
+                "spec.resources.sharedMemorySize",
+                f"sharedMemorySize({res.shared_memory_size}) mounts {SHM_MOUNT_DIR}, and so does "
+                f"resources.volumeMounts[{i}] ({mount.get('name')!r}); keep one of the two",
+            )
+
+
+def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, image: str) -> dict[str, Any]:
     trainer = spec.resources.trainer
     container = _container(
-        ref, spec, attempt, name="ray-head", image=trainer.image or settings.trainer_image,
-        resources=copy.deepcopy(HEAD_RESOURCES), role="head",
+        ref, spec, attempt, name="ray-head", image=image, resources=copy.deepcopy(HEAD_RESOURCES), role="head",
     )
     container["ports"] = copy.deepcopy(RAY_PORTS) + [
         {"name": RUNTIME_METRICS_PORT_NAME, "containerPort": RUNTIME_METRICS_PORT}
@@ -381,19 +415,22 @@ def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, settings: OperatorSe
     if not any(e.get("name") == "RLKUBE_METRICS_PORT" for e in container["env"]):
         container["env"].append({"name": "RLKUBE_METRICS_PORT", "value": str(RUNTIME_METRICS_PORT)})
     # The head runs no GPU work; it takes the trainer's tolerations so it can share tainted GPU
-    # nodes when those are all there is, but not its nodeSelector (it needs no GPU node).
-    pod = _pod_spec(ref, spec, container, node_selector={}, tolerations=trainer.tolerations)
+    # nodes when those are all there is, but not its nodeSelector or affinity (it needs no GPU node).
+    pod = _pod_spec(ref, spec, container, node_selector={}, tolerations=trainer.tolerations, affinity={})
     return {
         "rayStartParams": {"num-gpus": "0"},
-        "template": {"metadata": {"labels": labels(ref, **{LABEL_ATTEMPT: str(attempt), LABEL_ROLE: "head"})}, "spec": pod},
+        "template": {"metadata": _template_metadata(ref, spec, attempt, "head"), "spec": pod},
     }
 
 
 def _worker_group(ref: JobRef, spec: RLJobSpec, attempt: int, group: WorkerGroup) -> dict[str, Any]:
+    pods = group.pods
     field = f"spec.resources.{group.name}.resources"
-    resources = _with_gpus(group.resources, group.gpus_per_pod, field)
+    resources = _with_gpus(pods.resources, group.gpus_per_pod, pods.gpu_resource_name, field)
     container = _container(ref, spec, attempt, name="ray-worker", image=group.image, resources=resources, role=group.name)
-    pod = _pod_spec(ref, spec, container, node_selector=group.node_selector, tolerations=group.tolerations)
+    pod = _pod_spec(
+        ref, spec, container, node_selector=pods.node_selector, tolerations=pods.tolerations, affinity=pods.affinity
+    )
     return {
         "groupName": group.name,
         "replicas": group.replicas,
@@ -403,25 +440,52 @@ def _worker_group(ref: JobRef, spec: RLJobSpec, attempt: int, group: WorkerGroup
             "num-gpus": str(group.gpus_per_pod),
             "resources": ray_resources_param(group.ray_resources),
         },
-        "template": {
-            "metadata": {"labels": labels(ref, **{LABEL_ATTEMPT: str(attempt), LABEL_ROLE: group.name})},
-            "spec": pod,
-        },
+        "template": {"metadata": _template_metadata(ref, spec, attempt, group.name, pods), "spec": pod},
     }
 
 
-def _with_gpus(resources: dict[str, Any], gpus: int, field: str) -> dict[str, Any]:
+def _submitter_template(ref: JobRef, spec: RLJobSpec, attempt: int, image: str) -> dict[str, Any] | None:
+    """KubeRay's default submitter pod plus the job-wide pod settings; None when there are none
+    (KubeRay then makes the same pod itself). Without this a private image could not be pulled for
+    the submitter, and it would escape the job's priority and labels."""
+    res = spec.resources
+    if not (res.image_pull_secrets or res.priority_class_name or res.pod_labels or res.pod_annotations):
+        return None
+    container = {"name": SUBMITTER_CONTAINER, "image": image, "resources": copy.deepcopy(SUBMITTER_RESOURCES)}
+    pod = {"restartPolicy": "Never", "containers": [container], **_job_pod_settings(spec)}
+    return {"metadata": _template_metadata(ref, spec, attempt, "submitter"), "spec": pod}
+
+
+def _template_metadata(
+    ref: JobRef, spec: RLJobSpec, attempt: int, role: str, group: TrainerResources | RolloutResources | None = None
+) -> dict[str, Any]:
+    """Pod labels and annotations: job-wide, then the group's, then rlkube's own (the spec refuses
+    user keys that would replace rlkube's)."""
+    res = spec.resources
+    group_labels = group.pod_labels if group else {}
+    group_annotations = group.pod_annotations if group else {}
+    meta: dict[str, Any] = {
+        "labels": {**res.pod_labels, **group_labels, **labels(ref, **{LABEL_ATTEMPT: str(attempt), LABEL_ROLE: role})},
+    }
+    annotations = {**res.pod_annotations, **group_annotations}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def _with_gpus(resources: dict[str, Any], gpus: int, gpu_resource: str, field: str) -> dict[str, Any]:
     out = copy.deepcopy(resources) if resources else {}
     for section in ("requests", "limits"):
-        if GPU_RESOURCE in (out.get(section) or {}):
+        if gpu_resource in (out.get(section) or {}):
             raise RenderError(
                 f"{field}.{section}",
-                f"{GPU_RESOURCE} is set from the GPU count (gpusPerNode / rollout.gpus); remove it here",
+                f"{gpu_resource} is set from the GPU count (gpusPerNode / rollout.gpus) under gpuResourceName; "
+                "remove it here",
             )
     if gpus:
-        out.setdefault("limits", {})[GPU_RESOURCE] = str(gpus)
+        out.setdefault("limits", {})[gpu_resource] = str(gpus)
         if "requests" in out:
-            out["requests"][GPU_RESOURCE] = str(gpus)
+            out["requests"][gpu_resource] = str(gpus)
     return out
 
 
@@ -436,6 +500,9 @@ def _container(
     ]
     env += copy.deepcopy(spec.resources.env)
     mounts = [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT_DIR, "readOnly": True}]
+    if spec.resources.shared_memory_size is not None:
+        # KubeRay adds its own /dev/shm only where none is mounted yet, so this one replaces it.
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_MOUNT_DIR})
     mounts += copy.deepcopy(spec.resources.volume_mounts)
     container: dict[str, Any] = {
         "name": name,
@@ -456,22 +523,34 @@ def _pod_spec(
     *,
     node_selector: dict[str, str],
     tolerations: list[dict[str, Any]],
+    affinity: dict[str, Any],
 ) -> dict[str, Any]:
     volumes = [{"name": SPEC_VOLUME, "configMap": {"name": configmap_name(ref.name)}}]
-    for i, volume in enumerate(spec.resources.volumes):
-        if volume.get("name") == SPEC_VOLUME:
-            raise RenderError(
-                f"spec.resources.volumes[{i}].name",
-                f"{SPEC_VOLUME!r} is reserved for the RLJob's own spec; pick another volume name",
-            )
-        volumes.append(copy.deepcopy(volume))
+    shm_size = spec.resources.shared_memory_size
+    if shm_size is not None:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}})
+    volumes += copy.deepcopy(spec.resources.volumes)
     pod: dict[str, Any] = {
         "serviceAccountName": runtime_account_name(ref.name),
         "containers": [container],
         "volumes": volumes,
+        **_job_pod_settings(spec),
     }
     if node_selector:
         pod["nodeSelector"] = dict(node_selector)
     if tolerations:
         pod["tolerations"] = copy.deepcopy(tolerations)
+    if affinity:
+        pod["affinity"] = copy.deepcopy(affinity)
     return pod
+
+
+def _job_pod_settings(spec: RLJobSpec) -> dict[str, Any]:
+    """imagePullSecrets and priorityClassName: the same on every pod of the job."""
+    res = spec.resources
+    out: dict[str, Any] = {}
+    if res.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": secret.name} for secret in res.image_pull_secrets]
+    if res.priority_class_name:
+        out["priorityClassName"] = res.priority_class_name
+    return out

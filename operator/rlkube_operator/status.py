@@ -6,7 +6,7 @@ lastTransitionTime while its status stays the same.
 
 Conditions (one per type):
 - Ready: True while the Ray job runs (phase Running).
-- Progressing: True while the job moves toward completion (Pending, Starting, Running,
+- Progressing: True while the job moves toward completion (Pending, Queued, Starting, Running,
   Restarting); False once it is Suspended, Succeeded or Failed.
 - Suspended: True while spec.suspend holds the job (phase Suspended).
 - Failed: True once the job has failed for good (phase Failed); the reason says why.
@@ -179,7 +179,9 @@ class ConditionSpec:
 def desired_conditions(phase: RLJobPhase, reason: str, message: str) -> list[ConditionSpec]:
     """The four standard conditions for a phase (see the module docstring)."""
     ready = phase == RLJobPhase.RUNNING
-    progressing = phase in (RLJobPhase.PENDING, RLJobPhase.STARTING, RLJobPhase.RUNNING, RLJobPhase.RESTARTING)
+    progressing = phase in (
+        RLJobPhase.PENDING, RLJobPhase.QUEUED, RLJobPhase.STARTING, RLJobPhase.RUNNING, RLJobPhase.RESTARTING
+    )
     suspended = phase == RLJobPhase.SUSPENDED
     failed = phase == RLJobPhase.FAILED
     return [

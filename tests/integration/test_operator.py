@@ -150,7 +150,8 @@ def cluster_running(cp: ControlPlane, ns: str, rljob: str, attempt: int, groups:
     selector = f"rlkube.io/rljob={rljob},rlkube.io/attempt={attempt}"
 
     def check():
-        pods = [p for p in pods_of(cp, ns, selector) if p["status"].get("phase") == "Running"]
+        pods = [p for p in pods_of(cp, ns, selector) if p["status"].get("phase") == "Running"
+                and p["metadata"]["labels"].get("rlkube.io/role") != "submitter"]
         roles = {p["metadata"]["labels"].get("rlkube.io/role") for p in pods}
         return pods if len(roles) == groups + 1 else None
 
@@ -256,8 +257,16 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
         ("spec-volume", {"resources": {"placement": "colocated", "trainer": {"nodes": 1, "gpusPerNode": 2},
                                        "volumes": [{"name": "rlkube-spec", "emptyDir": {}}]}},
          "spec.resources.volumes[0].name"),
+        ("shm-twice", {"resources": {"placement": "colocated", "trainer": {"nodes": 1, "gpusPerNode": 2},
+                                     "sharedMemorySize": "8Gi", "volumes": [{"name": "dshm", "emptyDir": {}}],
+                                     "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}},
+         "spec.resources.sharedMemorySize"),
+        # A label the operator selects pods by; the CRD cannot check map keys, the spec model does.
+        ("own-label", {"resources": {"placement": "colocated", "trainer": {"nodes": 1, "gpusPerNode": 2},
+                                     "podLabels": {"rlkube.io/role": "mine"}}},
+         "spec.resources.podLabels"),
     ],
-    ids=["gpu-resource-set-by-hand", "reserved-volume-name"],
+    ids=["gpu-resource-set-by-hand", "reserved-volume-name", "shm-mounted-twice", "reserved-pod-label"],
 )
 def test_a_spec_that_cannot_become_pods_fails_at_once_naming_the_field(operator, ns, tmp_path, name, spec, field):
     """The API server takes it; the operator fails it before anything is created (phase Failed,
@@ -363,6 +372,10 @@ def test_a_separate_rljob_gets_trainer_and_rollout_pods(operator, ns, tmp_path):
     assert GPU_TOLERATION in by_role["trainer"]["spec"]["tolerations"]
     for pod in by_role.values():
         container = pod["spec"]["containers"][0]
+        # Without resources.sharedMemorySize, /dev/shm is KubeRay's: memory-backed, on every Ray pod.
+        assert {"name": "shared-mem", "mountPath": "/dev/shm"} in [{k: m[k] for k in ("name", "mountPath")}
+                                                                   for m in container["volumeMounts"]]
+        assert {v["name"]: v for v in pod["spec"]["volumes"]}["shared-mem"]["emptyDir"]["medium"] == "Memory"
         assert {"name": "ckpt", "mountPath": "/ckpt"} in [{k: m[k] for k in ("name", "mountPath")}
                                                           for m in container["volumeMounts"]]
         assert any(e["name"] == "HF_TOKEN" and "secretKeyRef" in e.get("valueFrom", {}) for e in container["env"])
@@ -550,3 +563,125 @@ def test_operator_metrics_are_served(operator, ns, tmp_path):
     assert operator.metric("rlkube_operator_reconcile_duration_seconds_count") > 0
     assert operator.metric("rlkube_operator_objects_created_total", kind="RayJob") == before + 1
     assert operator.metric("rlkube_operator_jobs", phase="Starting") >= 1
+
+
+# --- pod settings and Kueue ------------------------------------------------------------------------
+
+AMD_NODE = "kwok-node-1"
+PRIORITY_CLASS = "rlkube-test-high"
+
+
+@pytest.fixture
+def amd_gpus_and_a_priority_class(operator):
+    """kwok-node-1 also offers 8 amd.com/gpu (as if an AMD device plugin ran there), and a
+    PriorityClass exists; both removed afterwards."""
+    cp = operator.cp
+    extra = {"amd.com/gpu": "8"}
+    cp.kubectl("patch", "node", AMD_NODE, "--subresource=status", "--type=merge",
+               "-p", json.dumps({"status": {"capacity": extra, "allocatable": extra}}))
+    cp.apply_yaml(yaml.safe_dump({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                  "metadata": {"name": PRIORITY_CLASS}, "value": 1000}))
+    yield
+    remove = [{"op": "remove", "path": f"/status/{part}/amd.com~1gpu"} for part in ("capacity", "allocatable")]
+    cp.kubectl("patch", "node", AMD_NODE, "--subresource=status", "--type=json", "-p", json.dumps(remove), check=False)
+    cp.kubectl("delete", "priorityclass", PRIORITY_CLASS, "--wait=false", check=False)
+
+
+def test_pod_settings_reach_every_pod_kuberay_creates(operator, ns, tmp_path, amd_gpus_and_a_priority_class):
+    """GPU resource name and affinity per group; pull secret, priority, /dev/shm, labels and
+    annotations on every pod: the API server takes the RayJob, and KubeRay's pods carry them."""
+    cp = operator.cp
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "type", "operator": "In", "values": ["kwok"]}]}]}}}
+    resources = {
+        "placement": "separate",
+        "trainer": {"nodes": 1, "gpusPerNode": 4, "affinity": affinity, "podLabels": {"pool": "train"}},
+        "rollout": {"gpus": 4, "gpuResourceName": "amd.com/gpu", "podAnnotations": {"example.com/engine": "sglang"}},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "priorityClassName": PRIORITY_CLASS,
+        "sharedMemorySize": "2Gi",
+        "podLabels": {"team": "rl"},
+        "podAnnotations": {"example.com/owner": "rl-team"},
+    }
+    assert apply_file(cp, tmp_path / "knobs.yaml", rljob_yaml("knobs", resources=resources), ns).returncode == 0
+    pods = cluster_running(cp, ns, "knobs", 0, groups=2)
+    by_role = {p["metadata"]["labels"]["rlkube.io/role"]: p for p in pods}
+
+    def limits(pod):
+        return pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
+
+    assert limits(by_role["trainer"]).get("nvidia.com/gpu") == "4"
+    assert limits(by_role["rollout"]).get("amd.com/gpu") == "4" and "nvidia.com/gpu" not in limits(by_role["rollout"])
+    assert not any(k.endswith("/gpu") for k in limits(by_role["head"]))
+    assert by_role["rollout"]["spec"]["nodeName"] == AMD_NODE  # the only node with amd.com/gpu
+    assert by_role["trainer"]["spec"]["affinity"] == affinity
+    assert "affinity" not in by_role["head"]["spec"] and "affinity" not in by_role["rollout"]["spec"]
+    assert by_role["trainer"]["metadata"]["labels"]["pool"] == "train"
+    assert by_role["rollout"]["metadata"]["annotations"]["example.com/engine"] == "sglang"
+    for role, pod in by_role.items():
+        assert pod["metadata"]["labels"]["team"] == "rl", role
+        assert pod["metadata"]["annotations"]["example.com/owner"] == "rl-team", role
+        assert pod["spec"]["priorityClassName"] == PRIORITY_CLASS, role
+        assert pod["spec"]["priority"] == 1000, role  # resolved by the API server's Priority admission
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}], role
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["rlkube-shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}, role
+        assert "shared-mem" not in volumes, role  # KubeRay adds its own /dev/shm only when none is mounted
+        mounts = [(m["name"], m["mountPath"]) for m in pod["spec"]["containers"][0]["volumeMounts"]]
+        assert ("rlkube-shm", "/dev/shm") in mounts, role
+
+    # KubeRay's submitter pod (the Job that runs `ray job submit`) pulls and ranks the same way.
+    def submitter():
+        found = pods_of(cp, ns, "rlkube.io/rljob=knobs,rlkube.io/role=submitter")
+        return found[0] if found else None
+
+    pod = cp.wait_for(submitter, 60, "KubeRay's submitter pod")
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert (pod["spec"]["priorityClassName"], pod["spec"]["priority"]) == (PRIORITY_CLASS, 1000)
+    assert pod["metadata"]["labels"]["team"] == "rl"
+    assert pod["spec"]["containers"][0]["command"]  # KubeRay still wrote the submit command
+    wait_phase(cp, ns, "knobs", "Starting")
+
+
+def test_a_queued_rljob_leaves_suspend_to_kueue(operator, ns, tmp_path):
+    """No Kueue runs here: the test admits the RayJob by hand, the way Kueue does (spec.suspend
+    false on the RayJob), and checks the operator neither admits it early nor suspends it again."""
+    cp = operator.cp
+    assert apply_file(cp, tmp_path / "q.yaml", rljob_yaml("q", queueName="team-queue"), ns).returncode == 0
+    rayjob = wait_rayjob(cp, ns, "q-0")
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
+    assert rayjob["spec"]["suspend"] is True
+    wait_rayjob(cp, ns, "q-0", lambda rj: deployment_status(rj) == "Suspended", "Suspended by KubeRay")
+    rljob = wait_phase(cp, ns, "q", "Queued")
+    conditions = {c["type"]: c for c in rljob["status"]["conditions"]}
+    assert (conditions["Progressing"]["status"], conditions["Suspended"]["status"]) == ("True", "False")
+    assert "waits for Kueue to admit it from LocalQueue team-queue" in rljob["status"]["message"]
+    assert ("Normal", "Queued") in events_of(cp, ns, "q")
+
+    def reconciles_pass(count: int = 3) -> None:
+        start = operator.metric("rlkube_operator_reconcile_total", result="ok")
+        cp.wait_for(lambda: operator.metric("rlkube_operator_reconcile_total", result="ok") >= start + count, 30,
+                    f"{count} more reconciles")
+
+    reconciles_pass()
+    assert get_or_none(cp, ns, "rayjob", "q-0")["spec"]["suspend"] is True  # waits for Kueue, not the operator
+    assert not pods_of(cp, ns, "rlkube.io/rljob=q")
+
+    # Kueue admits the workload: it unsuspends the RayJob.
+    cp.kubectl("-n", ns, "patch", "rayjob", "q-0", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    cluster_running(cp, ns, "q", 0, groups=1)
+    wait_rljob(cp, ns, "q", "admitted", lambda o: o["status"]["phase"] in ("Starting", "Running"))
+    reconciles_pass()
+    assert get_or_none(cp, ns, "rayjob", "q-0")["spec"]["suspend"] is False  # not flipped back
+
+    # spec.suspend with a queue deletes the RayJob (Kueue would unsuspend an admitted one) ...
+    cp.kubectl("-n", ns, "patch", "rljob", "q", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    cp.wait_for(lambda: get_or_none(cp, ns, "rayjob", "q-0") is None, 60, "the queued RayJob deleted")
+    wait_phase(cp, ns, "q", "Suspended")
+    cp.wait_for(lambda: not pods_of(cp, ns, "rlkube.io/rljob=q"), 60, "the suspended job's pods are gone")
+    # ... and resuming queues a new one, suspended until Kueue admits it.
+    cp.kubectl("-n", ns, "patch", "rljob", "q", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    rayjob = wait_rayjob(cp, ns, "q-0")
+    assert rayjob["spec"]["suspend"] is True
+    rljob = wait_phase(cp, ns, "q", "Queued")
+    assert rljob["status"]["restarts"]["job"] == 0  # a resume is not a restart

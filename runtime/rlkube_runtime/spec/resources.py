@@ -1,21 +1,182 @@
 """`spec.resources`: where the trainer and the rollout engines run on the cluster.
 
-Kubernetes sub-objects (ResourceRequirements, Toleration, Volume, VolumeMount, EnvVar) are kept as
-free dicts: they are copied into the pods unchanged and the API server validates them there.
+Kubernetes sub-objects (ResourceRequirements, Toleration, Affinity, Volume, VolumeMount, EnvVar) are
+kept as free dicts: they are copied into the pods unchanged and the API server validates them there.
+Pod labels and annotations are checked here instead: KubeRay creates the pods, so a bad key would
+only surface as pods that never appear.
+
+Per group (`trainer`, `rollout`): what differs between GPU pools (GPU resource name, placement,
+pod metadata). Job-wide: what every pod of the job shares (pull secrets, priority, /dev/shm, pod
+metadata), the Ray head included.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+import re
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-from .base import KubeObject, SpecModel, immutable_field, section
+from .base import API_GROUP, KubeObject, SpecModel, immutable_field, section
 
 _RESOURCES_DOC = (
-    "Kubernetes ResourceRequirements of each pod (requests, limits); GPUs are added from the GPU count. "
-    "Default: none beyond the GPUs."
+    "Kubernetes ResourceRequirements of each pod (requests, limits); GPUs are added from the GPU count "
+    "under gpuResourceName, which must not be set here. Default: none beyond the GPUs."
 )
+
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+# Kubernetes name syntax (k8s.io/apimachinery/pkg/util/validation), RE2-compatible so the API
+# server can use the same patterns in the CRD.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$"
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+QUALIFIED_NAME_PATTERN = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_NAME}$"
+EXTENDED_RESOURCE_PATTERN = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*/{_NAME}$"
+LABEL_VALUE_PATTERN = rf"^({_NAME})?$"
+# A positive memory quantity: 16Gi, 512Mi, 1.5G, 1073741824.
+POSITIVE_QUANTITY_PATTERN = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+_DNS_SUBDOMAIN_RE = re.compile(DNS_SUBDOMAIN_PATTERN)
+_QUALIFIED_NAME_RE = re.compile(QUALIFIED_NAME_PATTERN)
+_EXTENDED_RESOURCE_RE = re.compile(EXTENDED_RESOURCE_PATTERN)
+_LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
+_QUANTITY_RE = re.compile(POSITIVE_QUANTITY_PATTERN)
+_NAME_MAX, _PREFIX_MAX = 63, 253
+
+# Pod labels the job's own machinery selects on: rlkube's (rljob, attempt, role), KubeRay's (it
+# finds a cluster's pods by ray.io/* labels) and the managed-by label rlkube sets. A user label
+# with one of these keys would hide pods from the operator or KubeRay, so it is refused.
+RESERVED_LABEL_PREFIXES = (f"{API_GROUP}/", "ray.io/")
+RESERVED_LABELS = ("app.kubernetes.io/managed-by",)
+RESERVED_ANNOTATION_PREFIXES = (f"{API_GROUP}/",)
+
+
+def _check_extended_resource(value: str) -> str:
+    if len(value) > _PREFIX_MAX + 1 + _NAME_MAX or not _EXTENDED_RESOURCE_RE.match(value):
+        raise ValueError(
+            f"must be a Kubernetes extended resource name as '<vendor domain>/<name>' "
+            f"(e.g. {DEFAULT_GPU_RESOURCE}, amd.com/gpu), got {value!r}"
+        )
+    return value
+
+
+def _check_dns_subdomain(value: str) -> str:
+    if len(value) > _PREFIX_MAX or not _DNS_SUBDOMAIN_RE.match(value):
+        raise ValueError(
+            f"must be a Kubernetes object name: at most {_PREFIX_MAX} lowercase letters, digits, '-' and '.', "
+            f"starting and ending with a letter or digit, got {value!r}"
+        )
+    return value
+
+
+def _check_quantity(value: str) -> str:
+    if not _QUANTITY_RE.match(value):
+        raise ValueError(f"must be a positive Kubernetes quantity of bytes such as 16Gi or 512Mi, got {value!r}")
+    return value
+
+
+ExtendedResourceName = Annotated[
+    str, AfterValidator(_check_extended_resource), Field(json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN})
+]
+"""A device plugin's resource name, e.g. nvidia.com/gpu, amd.com/gpu."""
+
+ObjectName = Annotated[
+    str,
+    AfterValidator(_check_dns_subdomain),
+    Field(min_length=1, max_length=_PREFIX_MAX, json_schema_extra={"pattern": DNS_SUBDOMAIN_PATTERN}),
+]
+"""The name of another Kubernetes object (a PriorityClass, a Secret): a DNS-1123 subdomain."""
+
+MemoryQuantity = Annotated[
+    str, AfterValidator(_check_quantity), Field(json_schema_extra={"pattern": POSITIVE_QUANTITY_PATTERN})
+]
+"""A positive number of bytes in Kubernetes quantity form (16Gi, 512Mi)."""
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` is not a valid label or annotation key ('[prefix/]name'), or None if it is."""
+    prefix, _, name = key.rpartition("/")
+    if not _QUALIFIED_NAME_RE.match(key) or len(name) > _NAME_MAX or len(prefix) > _PREFIX_MAX:
+        return (
+            f"key {key!r} must be '[prefix/]name': a name of at most {_NAME_MAX} letters, digits, '-', '_' and '.' "
+            f"(alphanumeric at both ends), after an optional DNS subdomain prefix of at most {_PREFIX_MAX} characters"
+        )
+    return None
+
+
+def check_pod_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Label keys and values Kubernetes accepts, none of them one the job's machinery selects on."""
+    for key, value in labels.items():
+        problem = key_problem(key)
+        if problem:
+            raise ValueError(problem)
+        if key.startswith(RESERVED_LABEL_PREFIXES) or key in RESERVED_LABELS:
+            raise ValueError(
+                f"label {key!r} is reserved: rlkube and KubeRay find the job's pods by the labels "
+                f"{', '.join(p + '*' for p in RESERVED_LABEL_PREFIXES)} and {', '.join(RESERVED_LABELS)}; "
+                "use a key outside them"
+            )
+        if len(value) > _NAME_MAX or not _LABEL_VALUE_RE.match(value):
+            raise ValueError(
+                f"label {key!r}: value {value!r} must be empty or at most {_NAME_MAX} letters, digits, '-', '_' "
+                "and '.', alphanumeric at both ends"
+            )
+    return labels
+
+
+def check_pod_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    """Annotation keys Kubernetes accepts, none under rlkube's own prefix."""
+    for key in annotations:
+        problem = key_problem(key)
+        if problem:
+            raise ValueError(problem)
+        if key.startswith(RESERVED_ANNOTATION_PREFIXES):
+            raise ValueError(
+                f"annotation {key!r} is reserved for rlkube ({RESERVED_ANNOTATION_PREFIXES[0]}*); use another key"
+            )
+    return annotations
+
+
+_GROUP_PODS = "the group's pods, on top of resources.{field} (a key set in both takes this value)"
+_ALL_PODS = "every pod of the job (head, workers, submitter)"
+
+PodLabels = Annotated[dict[str, str], AfterValidator(check_pod_labels)]
+PodAnnotations = Annotated[dict[str, str], AfterValidator(check_pod_annotations)]
+
+
+# The fields both groups have, defined once so the two groups' docs cannot drift apart.
+
+
+def gpu_resource_name_field() -> Any:
+    return Field(
+        default=DEFAULT_GPU_RESOURCE,
+        max_length=_PREFIX_MAX + 1 + _NAME_MAX,
+        description="Kubernetes resource the group's GPUs are requested as (the device plugin's name, e.g. "
+        "amd.com/gpu, gpu.intel.com/i915). Default nvidia.com/gpu.",
+    )
+
+
+def affinity_field() -> Any:
+    return Field(
+        default_factory=dict,
+        description="Pod affinity (a Kubernetes Affinity: nodeAffinity, podAffinity, podAntiAffinity) of the "
+        "group's pods; the Ray head does not take it. Default: none.",
+    )
+
+
+def pod_labels_field(scope: str) -> Any:
+    return Field(
+        default_factory=dict,
+        description=f"Labels added to {scope}. Keys under rlkube.io/ and ray.io/ and "
+        "app.kubernetes.io/managed-by are refused: the operator and KubeRay select pods by them. Default: none.",
+    )
+
+
+def pod_annotations_field(scope: str) -> Any:
+    return Field(
+        default_factory=dict,
+        description=f"Annotations added to {scope}; keys under rlkube.io/ are refused. Default: none.",
+    )
 
 
 class TrainerResources(SpecModel):
@@ -25,10 +186,14 @@ class TrainerResources(SpecModel):
     gpus_per_node: int = Field(
         default=8, ge=0, description="GPUs per trainer node; the trainer has nodes x gpusPerNode ranks. Default 8, >= 0."
     )
+    gpu_resource_name: ExtendedResourceName = gpu_resource_name_field()
     image: Optional[str] = Field(default=None, min_length=1, description="Container image. Default: the operator's runtime image.")
     resources: KubeObject = Field(default_factory=dict, description=_RESOURCES_DOC)
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector. Default: none.")
     tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations (Kubernetes Toleration objects). Default: none.")
+    affinity: KubeObject = affinity_field()
+    pod_labels: PodLabels = pod_labels_field(_GROUP_PODS.format(field="podLabels"))
+    pod_annotations: PodAnnotations = pod_annotations_field(_GROUP_PODS.format(field="podAnnotations"))
 
 
 class RolloutResources(SpecModel):
@@ -40,10 +205,20 @@ class RolloutResources(SpecModel):
         description="GPUs for rollout engines in separate placement, split into engines of rollout.gpusPerEngine. "
         "Ignored when colocated. Default 8, >= 0.",
     )
+    gpu_resource_name: ExtendedResourceName = gpu_resource_name_field()
     image: Optional[str] = Field(default=None, min_length=1, description="Container image. Default: trainer.image or the operator's runtime image.")
     resources: KubeObject = Field(default_factory=dict, description=_RESOURCES_DOC)
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector. Default: none.")
     tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations (Kubernetes Toleration objects). Default: none.")
+    affinity: KubeObject = affinity_field()
+    pod_labels: PodLabels = pod_labels_field(_GROUP_PODS.format(field="podLabels"))
+    pod_annotations: PodAnnotations = pod_annotations_field(_GROUP_PODS.format(field="podAnnotations"))
+
+
+class LocalObjectReference(SpecModel):
+    """A Secret in the job's namespace, by name (Kubernetes LocalObjectReference)."""
+
+    name: ObjectName = Field(description="Name of the Secret. Required.")
 
 
 class ResourcesSpec(SpecModel):
@@ -69,3 +244,22 @@ class ResourcesSpec(SpecModel):
         default_factory=list,
         description="Kubernetes EnvVars added to every container (secrets via valueFrom.secretKeyRef). Default: none.",
     )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        description="Secrets (by name, in the job's namespace) to pull the images with, on every pod: the Ray head "
+        "and workers, and KubeRay's job-submitter pod. Default: none.",
+    )
+    priority_class_name: Optional[ObjectName] = Field(
+        default=None,
+        description="PriorityClass of every pod (head, workers, submitter); Kueue also reads it as the job's "
+        "priority. Default: unset (the cluster's default priority).",
+    )
+    shared_memory_size: Optional[MemoryQuantity] = Field(
+        default=None,
+        description="Size limit of /dev/shm (a memory-backed emptyDir) on every Ray pod; NCCL, Ray's object store "
+        "and PyTorch's data loaders live there, and what they use counts against the container's memory. "
+        "Default: unset, which keeps KubeRay's own /dev/shm, sized to the container's memory limit (else its "
+        "request, else unbounded). Cannot be combined with a volumeMount at /dev/shm. A positive quantity, e.g. 64Gi.",
+    )
+    pod_labels: PodLabels = pod_labels_field(_ALL_PODS)
+    pod_annotations: PodAnnotations = pod_annotations_field(_ALL_PODS)

@@ -96,7 +96,10 @@ class RLJobSpec(SpecModel):
     resources: ResourcesSpec = section(ResourcesSpec, "Placement, pods, volumes and environment.")
     fault_tolerance: FaultToleranceSpec = section(FaultToleranceSpec, "Engine health checks and restart budgets.")
     suspend: bool = Field(
-        default=False, description="Stop the job's pods and keep its state; setting it back to false resumes from the last checkpoint. Default false."
+        default=False,
+        description="Stop the job's pods and keep its state; setting it back to false resumes from the last "
+        "checkpoint. With queueName the job's RayJob is deleted instead (Kueue owns its suspend flag) and resuming "
+        "queues a new one. Default false.",
     )
     ttl_seconds_after_finished: Optional[int] = Field(
         default=None, ge=0, description="Seconds after Succeeded or Failed before the RLJob is deleted. Default: unset (kept); >= 0."
@@ -108,7 +111,9 @@ class RLJobSpec(SpecModel):
         default=None,
         min_length=1,
         max_length=63,
-        description="Kueue LocalQueue to admit the job through (set as the kueue.x-k8s.io/queue-name label). Default: unset.",
+        description="Kueue LocalQueue to admit the job through: each RayJob is created suspended with the "
+        "kueue.x-k8s.io/queue-name label, and Kueue alone then suspends and unsuspends it (phase Queued while it "
+        "waits). A change applies to the next RayJob (a restart, or a resume). Default: unset (no Kueue).",
     )
 
     @property

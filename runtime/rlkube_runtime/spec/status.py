@@ -19,6 +19,7 @@ class RLJobPhase(str, Enum):
     """Where the job is in its life; exactly one at a time."""
 
     PENDING = "Pending"  # accepted, nothing created yet
+    QUEUED = "Queued"  # spec.queueName: the RayJob waits, suspended, for Kueue to admit it
     STARTING = "Starting"  # RayJob created, pods or the runtime not up yet
     RUNNING = "Running"  # rollouts in progress
     RESTARTING = "Restarting"  # an attempt failed; waiting out the backoff before resuming from a checkpoint
@@ -84,7 +85,7 @@ class RLJobStatus(StatusModel):
 
     phase: Optional[RLJobPhase] = Field(
         default=None,
-        description="Pending, Starting, Running, Restarting, Suspended, Succeeded or Failed.",
+        description="Pending, Queued, Starting, Running, Restarting, Suspended, Succeeded or Failed.",
     )
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -209,6 +209,118 @@ def test_a_job_created_suspended_gets_a_suspended_rayjob(settings):
     assert plan.status["phase"] == "Suspended"
 
 
+# --- Kueue (spec.queueName): the RayJob's suspend flag is Kueue's -----------------------------------
+
+QUEUE = {"queueName": "team-a-gpus"}
+KUEUE_SUSPENDED = {"jobDeploymentStatus": "Suspended"}
+
+
+def _queued_rayjob(body, status, *, suspend):
+    """The RayJob of a queued RLJob as Kueue left it: suspended (waiting, preempted) or admitted."""
+    rj = rayjob_with_status(body, 0, status)
+    assert rj["metadata"]["labels"][render.KUEUE_QUEUE_LABEL] == "team-a-gpus"
+    rj["spec"]["suspend"] = suspend
+    return rj
+
+
+def test_a_queued_job_gets_a_suspended_rayjob_labelled_for_kueue(settings):
+    body = make_body(QUEUE)
+    plan = reconcile(observed(body, configmap=None, children=False), settings)
+    rayjob = plan.create[-1]
+    assert rayjob["spec"]["suspend"] is True
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
+    assert plan.status["phase"] == "Queued"
+    assert "until Kueue admits it from LocalQueue team-a-gpus" in plan.status["message"]
+    # Waiting in a queue is progress toward running, not a suspension the user asked for.
+    assert _conditions(plan)["Progressing"]["status"] == "True"
+    assert _conditions(plan)["Suspended"]["status"] == "False"
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Queued")]
+
+
+@pytest.mark.parametrize("status", [{}, {"jobDeploymentStatus": "Initializing"}, KUEUE_SUSPENDED],
+                         ids=["new", "initializing", "suspended"])
+def test_a_rayjob_waiting_for_kueue_is_queued_and_left_suspended(settings, status):
+    body = make_body(QUEUE, status={"phase": "Queued"})
+    plan = reconcile(observed(body, [_queued_rayjob(body, status, suspend=True)]), settings)
+    assert plan.patch_rayjobs == [] and plan.delete_rayjobs == [] and plan.create == []
+    assert plan.status["phase"] == "Queued"
+    assert plan.status["message"] == "RayJob tiny-0 waits for Kueue to admit it from LocalQueue team-a-gpus"
+    assert plan.events == []
+
+
+@pytest.mark.parametrize("status", [KUEUE_SUSPENDED, {}], ids=["kuberay-not-caught-up", "kuberay-reset-to-new"])
+def test_admission_by_kueue_is_not_undone_and_the_job_starts(settings, status):
+    body = make_body(QUEUE, status={"phase": "Queued"})
+    plan = reconcile(observed(body, [_queued_rayjob(body, status, suspend=False)]), settings)
+    assert plan.patch_rayjobs == []  # the RLJob's suspend (false) is not pushed onto Kueue's flag
+    assert plan.status["phase"] == "Starting"
+    assert _conditions(plan)["Progressing"]["reason"] == "Admitted"
+
+
+def test_an_admitted_rayjob_runs_and_its_phase_follows_kuberay(settings):
+    body = make_body(QUEUE, status={"phase": "Starting"})
+    plan = reconcile(observed(body, [_queued_rayjob(body, RUNNING, suspend=False)]), settings)
+    assert plan.patch_rayjobs == []
+    assert plan.status["phase"] == "Running"
+
+
+def test_preemption_by_kueue_queues_the_job_again_without_a_fight(settings):
+    body = make_body(QUEUE, status={"phase": "Running"})
+    plan = reconcile(observed(body, [_queued_rayjob(body, RUNNING, suspend=True)]), settings)
+    assert plan.patch_rayjobs == [] and plan.delete_rayjobs == []
+    assert plan.status["phase"] == "Queued"
+
+
+def test_a_queued_job_keeps_its_spec_file_current_for_when_kueue_starts_it(settings):
+    old_body = make_body(QUEUE)
+    body = make_body({**QUEUE, "training": {"numRollout": 20}}, status={"phase": "Queued"})
+    cm = render.render_configmap(render.JobRef.from_body(old_body), old_body["spec"])
+    plan = reconcile(observed(body, [_queued_rayjob(body, KUEUE_SUSPENDED, suspend=True)], configmap=cm), settings)
+    assert render.configmap_spec(plan.update_configmap)["training"]["numRollout"] == 20
+
+
+@pytest.mark.parametrize("status, suspend", [(KUEUE_SUSPENDED, True), (RUNNING, False)], ids=["queued", "admitted"])
+def test_suspending_a_queued_job_deletes_its_rayjob_instead_of_touching_kueues_flag(settings, status, suspend):
+    body = make_body({**QUEUE, "suspend": True}, status={"phase": "Running"})
+    plan = reconcile(observed(body, [_queued_rayjob(body, status, suspend=suspend)]), settings)
+    assert plan.patch_rayjobs == []
+    assert plan.delete_rayjobs == ["tiny-0"]
+    assert plan.status["phase"] == "Suspended"
+    assert _conditions(plan)["Suspended"]["status"] == "True"
+
+
+def test_a_suspended_queued_job_has_no_rayjob_and_resuming_queues_a_new_one(settings):
+    body = make_body({**QUEUE, "suspend": True}, status={"phase": "Suspended"})
+    plan = reconcile(observed(body, []), settings)
+    assert plan.create == []
+    assert plan.status["phase"] == "Suspended"
+    assert plan.status["rayJobName"] == "tiny-0"
+    resumed = make_body(QUEUE, status={"phase": "Suspended"})
+    plan = reconcile(observed(resumed, []), settings)
+    assert _kinds(plan) == [("RayJob", "tiny-0")]
+    assert plan.create[0]["spec"]["suspend"] is True
+    assert plan.status["phase"] == "Queued"
+    assert plan.status["restarts"] == {"job": 0}  # a resume is not a restart
+
+
+def test_a_restarted_attempt_of_a_queued_job_waits_in_the_queue_again(settings):
+    body = make_body({**QUEUE, "faultTolerance": {"backoffSeconds": 0}}, status={"phase": "Running"})
+    rj = _queued_rayjob(body, FAILED, suspend=False)
+    rj["metadata"]["annotations"] = {FAILED_AT_ANNOTATION: "2026-03-01T11:00:00Z"}
+    plan = reconcile(observed(body, [rj]), settings)
+    assert _kinds(plan) == [("RayJob", "tiny-1")]
+    assert plan.create[0]["spec"]["suspend"] is True
+    assert plan.create[0]["metadata"]["labels"][render.KUEUE_QUEUE_LABEL] == "team-a-gpus"
+
+
+def test_a_rayjob_made_before_queuename_was_set_keeps_the_operators_suspend(settings):
+    body = make_body({**QUEUE, "suspend": True}, status={"phase": "Running"})
+    rj = rayjob_with_status(make_body(), 0, RUNNING)  # rendered without the queue: no Kueue label
+    plan = reconcile(observed(body, [rj]), settings)
+    assert plan.patch_rayjobs == [("tiny-0", {"spec": {"suspend": True}})]
+    assert plan.delete_rayjobs == []
+
+
 def test_a_running_job_keeps_its_spec_file_when_mutable_fields_change(settings):
     started = make_body()
     body = make_body({"training": {"numRollout": 99}}, status={"phase": "Running"})

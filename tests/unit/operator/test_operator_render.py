@@ -9,6 +9,7 @@ import yaml
 from operator_testutil import default_settings, make_body
 from rlkube_operator import render
 from rlkube_runtime.spec.load import parse_rljob
+from rlkube_runtime.spec.resources import RESERVED_LABEL_PREFIXES, RESERVED_LABELS
 
 SECRET_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
 PVC_VOLUME = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "rl-ckpt"}}
@@ -173,9 +174,12 @@ def test_suspend_and_remaining_deadline_are_rendered():
     assert rj["spec"]["activeDeadlineSeconds"] == 1234
 
 
-def test_queue_name_becomes_the_kueue_label():
+def test_queue_name_becomes_the_kueue_label_on_a_rayjob_created_suspended():
     _, rj = _render({"queueName": "gpu-queue"})
     assert rj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert rj["spec"]["suspend"] is True  # Kueue admits it by unsuspending it
+    _, plain = _render()
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
 
 
 def test_every_object_is_owned_by_the_rljob_as_controller():
@@ -236,6 +240,14 @@ def test_rollout_pods_hold_whole_engines(gpus, per_engine, expected):
          "spec.resources.trainer.resources.limits", "nvidia.com/gpu is set from the GPU count"),
         ({"resources": {"volumes": [{"name": "rlkube-spec", "emptyDir": {}}]}},
          "spec.resources.volumes[0].name", "reserved"),
+        ({"resources": {"volumes": [PVC_VOLUME, {"name": "rlkube-shm", "emptyDir": {}}]}},
+         "spec.resources.volumes[1].name", "reserved"),
+        ({"resources": {"placement": "separate", "rollout": {
+            "gpus": 2, "gpuResourceName": "amd.com/gpu", "resources": {"requests": {"amd.com/gpu": "2"}}}}},
+         "spec.resources.rollout.resources.requests", "amd.com/gpu is set from the GPU count"),
+        ({"resources": {"sharedMemorySize": "32Gi", "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                        "volumeMounts": [PVC_MOUNT, {"name": "dshm", "mountPath": "/dev/shm/"}]}},
+         "spec.resources.sharedMemorySize", "and so does resources.volumeMounts[1] ('dshm')"),
     ],
 )
 def test_specs_that_cannot_become_pods_name_the_field(spec, field, needle):
@@ -269,3 +281,139 @@ def test_the_head_serves_the_training_metrics_on_a_named_port():
     chosen = _render({"resources": {"env": [{"name": "RLKUBE_METRICS_PORT", "value": "9000"}]}})
     env = chosen[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
     assert [e["value"] for e in env if e["name"] == "RLKUBE_METRICS_PORT"] == ["9000"]
+
+
+# --- pod settings: GPU resource name, affinity, priority, pull secrets, labels, /dev/shm ----------
+
+POD_KNOBS = {
+    "rollout": {"gpusPerEngine": 2},
+    "resources": {
+        "placement": "separate",
+        "trainer": {
+            "nodes": 1, "gpusPerNode": 8,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpu.product", "operator": "In", "values": ["H200"]}]}]}}},
+            "podLabels": {"pool": "train", "team": "trainer-team"},
+            "podAnnotations": {"sidecar.istio.io/inject": "false"},
+        },
+        "rollout": {
+            "gpus": 4, "gpuResourceName": "amd.com/gpu",
+            "resources": {"requests": {"cpu": "8"}, "limits": {"nvidia.com/gpu": "0"}},
+            "podAnnotations": {"example.com/engine": "sglang"},
+        },
+        "imagePullSecrets": [{"name": "regcred"}, {"name": "mirror"}],
+        "priorityClassName": "rl-high",
+        "sharedMemorySize": "64Gi",
+        "podLabels": {"team": "rl", "cost-center": "42"},
+        "podAnnotations": {"example.com/owner": "rl-team"},
+    },
+}
+
+
+def _pods(rj):
+    """{role: pod template} for the head, each worker group and (when rendered) the submitter."""
+    spec = rj["spec"]
+    pods = {"head": spec["rayClusterSpec"]["headGroupSpec"]["template"]}
+    pods.update({g["groupName"]: g["template"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]})
+    if "submitterPodTemplate" in spec:
+        pods["submitter"] = spec["submitterPodTemplate"]
+    return pods
+
+
+def test_each_group_requests_its_gpus_under_its_own_resource_name_and_the_head_under_none():
+    _, rj = _render(POD_KNOBS)
+    pods = _pods(rj)
+    trainer, rollout = (pods[g]["spec"]["containers"][0]["resources"] for g in ("trainer", "rollout"))
+    assert trainer["limits"] == {"nvidia.com/gpu": "8"}
+    # rollout.gpus 4 in engines of 2: one pod of 4 amd.com/gpu. A hand-set nvidia.com/gpu (here 0)
+    # is another resource to the renderer and passes through untouched.
+    assert rollout["limits"] == {"nvidia.com/gpu": "0", "amd.com/gpu": "4"}
+    assert rollout["requests"] == {"cpu": "8", "amd.com/gpu": "4"}
+    assert _groups(rj)["rollout"]["rayStartParams"]["num-gpus"] == "4"  # Ray counts AMD GPUs as GPUs too
+    assert "gpu" not in json.dumps(pods["head"]["spec"]["containers"][0]["resources"])
+
+
+def test_affinity_goes_to_its_own_group_only():
+    _, rj = _render(POD_KNOBS)
+    pods = _pods(rj)
+    assert pods["trainer"]["spec"]["affinity"] == POD_KNOBS["resources"]["trainer"]["affinity"]
+    assert "affinity" not in pods["rollout"]["spec"]
+    assert "affinity" not in pods["head"]["spec"]  # the head needs no GPU node
+
+
+def test_priority_and_pull_secrets_reach_every_pod_the_submitter_included():
+    _, rj = _render(POD_KNOBS)
+    pods = _pods(rj)
+    assert set(pods) == {"head", "trainer", "rollout", "submitter"}
+    for role, pod in pods.items():
+        assert pod["spec"]["priorityClassName"] == "rl-high", role
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}], role
+
+
+def test_the_submitter_is_kuberays_default_pod_with_the_job_wide_settings():
+    _, rj = _render(POD_KNOBS)
+    submitter = rj["spec"]["submitterPodTemplate"]
+    [container] = submitter["spec"]["containers"]
+    head_image = rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    assert container == {"name": "ray-job-submitter", "image": head_image, "resources": {
+        "limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "200Mi"}}}
+    assert submitter["spec"]["restartPolicy"] == "Never"
+    assert "command" not in container  # KubeRay fills in `ray job submit ...` itself
+    # Without job-wide pod settings KubeRay makes the same pod itself.
+    _, plain = _render(SEPARATE)
+    assert "submitterPodTemplate" not in plain["spec"]
+
+
+def test_pod_labels_and_annotations_merge_job_wide_then_group_and_keep_rlkubes_own():
+    _, rj = _render(POD_KNOBS, attempt=2)
+    pods = _pods(rj)
+    for role, pod in pods.items():
+        labels = pod["metadata"]["labels"]
+        assert labels["cost-center"] == "42", role
+        assert (labels["rlkube.io/rljob"], labels["rlkube.io/attempt"], labels["rlkube.io/role"]) == ("tiny", "2", role)
+        assert labels["app.kubernetes.io/managed-by"] == "rlkube-operator"
+        assert pod["metadata"]["annotations"]["example.com/owner"] == "rl-team", role
+    assert pods["trainer"]["metadata"]["labels"]["team"] == "trainer-team"  # the group's value wins
+    assert pods["trainer"]["metadata"]["labels"]["pool"] == "train"
+    assert pods["rollout"]["metadata"]["labels"]["team"] == "rl"
+    assert "pool" not in pods["head"]["metadata"]["labels"]
+    assert pods["trainer"]["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert pods["rollout"]["metadata"]["annotations"]["example.com/engine"] == "sglang"
+    assert "sidecar.istio.io/inject" not in pods["rollout"]["metadata"]["annotations"]
+
+
+def test_shared_memory_size_mounts_a_memory_emptydir_at_dev_shm_on_every_ray_pod():
+    _, rj = _render(POD_KNOBS)
+    for role, pod in _pods(rj).items():
+        if role == "submitter":
+            continue  # runs `ray job submit` only
+        assert {"name": "rlkube-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["spec"]["volumes"]
+        mounts = pod["spec"]["containers"][0]["volumeMounts"]
+        assert {"name": "rlkube-shm", "mountPath": "/dev/shm"} in mounts, role
+
+
+def test_without_shared_memory_size_dev_shm_is_left_to_kuberay():
+    # KubeRay adds its own memory-backed /dev/shm, sized to the container's memory, to every Ray
+    # pod that mounts none; an explicit volumeMount there (the examples' dshm) replaces it.
+    _, rj = _render(SEPARATE)
+    for role, pod in _pods(rj).items():
+        assert not [v for v in pod["spec"]["volumes"] if v["name"] == "rlkube-shm"], role
+        assert not [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"], role
+
+
+def test_pods_without_the_new_settings_are_rendered_as_before():
+    _, rj = _render(SEPARATE)
+    for role, pod in _pods(rj).items():
+        for key in ("priorityClassName", "imagePullSecrets", "affinity"):
+            assert key not in pod["spec"], (role, key)
+        assert "annotations" not in pod["metadata"], role
+
+
+def test_every_label_rlkube_puts_on_pods_is_one_the_spec_refuses_from_users():
+    # The spec (rlkube_runtime.spec.resources) keeps users off these keys; this keeps the two lists in step.
+    _, rj = _render(POD_KNOBS)
+    user = {**POD_KNOBS["resources"]["podLabels"], **POD_KNOBS["resources"]["trainer"]["podLabels"]}
+    for role, pod in _pods(rj).items():
+        for key in pod["metadata"]["labels"]:
+            if key not in user:
+                assert key.startswith(RESERVED_LABEL_PREFIXES) or key in RESERVED_LABELS, (role, key)

@@ -158,6 +158,50 @@ def _check_defaults(model: type[BaseModel], schema: dict[str, Any], where: str) 
             assert prop.get("default") == expected, where_field
 
 
+# (field path in the CRD, a value to set at spec.<path>, accepted?): the CRD's pattern (RE2 in the
+# API server; these patterns use only syntax Python's re shares) and the Python check must agree.
+PATTERN_CASES = [
+    ("resources.trainer.gpuResourceName", "nvidia.com/gpu", True),
+    ("resources.trainer.gpuResourceName", "amd.com/gpu", True),
+    ("resources.rollout.gpuResourceName", "gpu.intel.com/i915", True),
+    ("resources.rollout.gpuResourceName", "gpu", False),
+    ("resources.rollout.gpuResourceName", "NVIDIA.com/gpu", False),
+    ("resources.priorityClassName", "system-cluster-critical", True),
+    ("resources.priorityClassName", "rl.high", True),
+    ("resources.priorityClassName", "High", False),
+    ("resources.priorityClassName", "-high", False),
+    ("resources.sharedMemorySize", "16Gi", True),
+    ("resources.sharedMemorySize", "512Mi", True),
+    ("resources.sharedMemorySize", "1.5G", True),
+    ("resources.sharedMemorySize", "0.5Gi", True),
+    ("resources.sharedMemorySize", "1073741824", True),
+    ("resources.sharedMemorySize", "0", False),
+    ("resources.sharedMemorySize", "0.0Gi", False),
+    ("resources.sharedMemorySize", "16GB", False),
+    ("resources.sharedMemorySize", "-1Gi", False),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "accepted"), PATTERN_CASES,
+                         ids=[f"{p.rsplit('.', 1)[-1]}={v}" for p, v, _ in PATTERN_CASES])
+def test_crd_patterns_and_python_accept_the_same_names(good_doc, path, value, accepted):
+    node = _root()["properties"]["spec"]
+    for part in path.split("."):
+        node = node["properties"][part]
+    assert bool(re.search(node["pattern"], value)) is accepted
+    *parents, leaf = path.split(".")
+    target = good_doc["spec"]
+    for part in parents:
+        target = target.setdefault(part, {})
+    target[leaf] = value
+    if accepted:
+        parse_rljob(good_doc)
+    else:
+        with pytest.raises(SpecError) as info:
+            parse_rljob(good_doc)
+        assert [p for p, _ in info.value.errors] == [f"spec.{path}"]
+
+
 def test_crd_defaults_match_model_defaults():
     _check_defaults(RLJobSpec, _root()["properties"]["spec"], "spec")
     _check_defaults(RLJobStatus, _root()["properties"]["status"], "status")

@@ -92,6 +92,74 @@ BROKEN = [
     ("invalid-name", {"metadata.name": "Local_Tiny"}, "metadata.name", "metadata.name must be at most 40 characters"),
     ("section-not-a-mapping", {"spec.resources.trainer": [1]}, "spec.resources.trainer", "must be a mapping, got a list"),
     ("free-args-nested", {"spec.rollout.sglangArgs": {"x": {"y": 1}}}, "spec.rollout.sglangArgs.x", "must be a string, number or boolean"),
+    (
+        "gpu-resource-without-vendor",
+        {"spec.resources.trainer": {"gpuResourceName": "gpu"}},
+        "spec.resources.trainer.gpuResourceName",
+        "must be a Kubernetes extended resource name as '<vendor domain>/<name>' (e.g. nvidia.com/gpu, amd.com/gpu), "
+        "got 'gpu'",
+    ),
+    (
+        "pod-label-takes-rlkubes-key",
+        {"spec.resources.podLabels": {"rlkube.io/role": "mine"}},
+        "spec.resources.podLabels",
+        "label 'rlkube.io/role' is reserved: rlkube and KubeRay find the job's pods by the labels rlkube.io/*, ray.io/*",
+    ),
+    (
+        "group-label-takes-kuberays-key",
+        {"spec.resources.rollout": {"podLabels": {"ray.io/node-type": "worker"}}},
+        "spec.resources.rollout.podLabels",
+        "label 'ray.io/node-type' is reserved",
+    ),
+    (
+        "pod-label-takes-managed-by",
+        {"spec.resources.trainer": {"podLabels": {"app.kubernetes.io/managed-by": "me"}}},
+        "spec.resources.trainer.podLabels",
+        "label 'app.kubernetes.io/managed-by' is reserved",
+    ),
+    (
+        "pod-label-value-with-space",
+        {"spec.resources.podLabels": {"team": "rl team"}},
+        "spec.resources.podLabels",
+        "label 'team': value 'rl team' must be empty or at most 63 letters, digits",
+    ),
+    (
+        "pod-label-key-malformed",
+        {"spec.resources.podLabels": {"Example.com/team": "rl"}},
+        "spec.resources.podLabels",
+        "key 'Example.com/team' must be '[prefix/]name'",
+    ),
+    (
+        "pod-annotation-takes-rlkubes-prefix",
+        {"spec.resources.podAnnotations": {"rlkube.io/failed-at": "now"}},
+        "spec.resources.podAnnotations",
+        "annotation 'rlkube.io/failed-at' is reserved for rlkube (rlkube.io/*)",
+    ),
+    (
+        "priority-class-uppercase",
+        {"spec.resources.priorityClassName": "High"},
+        "spec.resources.priorityClassName",
+        "must be a Kubernetes object name: at most 253 lowercase letters, digits, '-' and '.', starting and ending "
+        "with a letter or digit, got 'High'",
+    ),
+    (
+        "pull-secret-as-a-string",
+        {"spec.resources.imagePullSecrets": ["regcred"]},
+        "spec.resources.imagePullSecrets[0]",
+        "must be a mapping, got 'regcred' (a string)",
+    ),
+    (
+        "shared-memory-zero",
+        {"spec.resources.sharedMemorySize": "0Gi"},
+        "spec.resources.sharedMemorySize",
+        "must be a positive Kubernetes quantity of bytes such as 16Gi or 512Mi, got '0Gi'",
+    ),
+    (
+        "shared-memory-unit-typo",
+        {"spec.resources.sharedMemorySize": "16GB"},
+        "spec.resources.sharedMemorySize",
+        "got '16GB'",
+    ),
 ]
 
 
