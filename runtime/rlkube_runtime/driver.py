@@ -26,6 +26,18 @@ from rlkube_runtime.spec.load import SpecError, load_rljobs
 log = logging.getLogger("rlkube.driver")
 
 
+# `rlkube run`'s exit code after a SIGTERM (preemption, suspend, node drain) was honoured with a
+# checkpoint: 128 + SIGTERM, as a process the signal had ended; the next start resumes.
+PREEMPTED_EXIT_CODE = 143
+
+
+class Preempted(Exception):
+    """The run stopped on SIGTERM after saving what it had done."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+
+
 class RunError(Exception):
     """A problem found before training starts; the message names the field or the file."""
 
@@ -53,6 +65,9 @@ def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = Tr
         return 2
     try:
         run_job(plan, resume=resume)
+    except Preempted as stopped:
+        print(f"rlkube run: {stopped} `rlkube run {path}` resumes from it.", file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
     except Exception as err:  # noqa: BLE001 - whatever stopped the run, the user gets its cause first
         # Ray hands an actor's error back wrapped in the actor's traceback: the cause goes to the
         # terminal, the whole traceback to a file.
@@ -157,6 +172,7 @@ class Job:
     logger: Any  # MetricsLogger
     reporter: Any  # RLJobStatusReporter, or None outside a cluster
     engine_restarts: int = 0  # the job's total, earlier attempts included
+    last_saved: int | None = None  # the rollout of the newest checkpoint this job holds
     pushers: tuple[list[int], str] = ([], "http")  # trainer rank serving engine j; the weight-sync transport
 
     @property
@@ -194,6 +210,7 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
     # A save cut short by a crash leaves a .tmp- directory; only complete checkpoints are loaded.
     clean_partial_checkpoints(plan.checkpoint_root)
     cluster = _init_ray()
+    stop = _StopRequest.install()  # after Ray's own set-up, which must not replace it
     job = _start(plan, cluster)
     try:
         _prepare(job)
@@ -205,17 +222,23 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
         rollouts = _Rollouts(job.rollout, start, num_rollout, overlap=spec.training.mode == "async")
         for rollout_id in range(start, num_rollout):
             step_start = time.monotonic()
-            samples, metrics = rollouts.take(rollout_id)
+            taken = rollouts.take(rollout_id, stop)
+            if taken is None:  # SIGTERM while generating: this rollout is abandoned, redone on resume
+                _stop_after(job, rollout_id - 1, stop, trained_since_start=rollout_id > start)
+            samples, metrics = taken
             sync_now = (rollout_id + 1) % spec.training.update_weights_interval == 0 or rollout_id + 1 == num_rollout
             metrics.update(_train(job, rollout_id, samples, sync_version=rollout_id + 1 if sync_now else None,
-                                  in_flight=rollouts.in_flight))
+                                  in_flight=rollouts.in_flight, stop=stop))
             # Recorded before the checkpoint that covers it: a crash in between redoes this rollout
             # (its record is written again) rather than leaving a trained rollout unrecorded.
             _log_trained_samples(plan.output_dir, rollout_id, samples)
-            metrics.update(_evaluate(job, rollout_id))
-            checkpoint = _save(job, rollout_id)
+            if not stop.requested:
+                metrics.update(_evaluate(job, rollout_id))
+            checkpoint = _save(job, rollout_id, force=stop.requested)
             rollouts.start_next(rollout_id)
             _report(job, rollout_id, metrics, checkpoint, seconds=time.monotonic() - step_start)
+            if stop.requested:
+                _stop_after(job, rollout_id, stop, trained_since_start=True)
     finally:
         job.logger.close()
         try:
@@ -279,6 +302,7 @@ def _resume(job: Job) -> int:
     ray.get([t.load_state_dict.remote(saved.trainer, rng) for t, rng in zip(job.trainers, rngs)])
     ray.get(job.rollout.load_data_state.remote(saved.data_source))
     start = found.rollout_id + 1
+    job.last_saved = found.rollout_id
     ray.get(job.rollout.update_weights.remote(str(start)))
     return start
 
@@ -291,9 +315,13 @@ class _Rollouts:
         self._manager, self._num_rollout, self._overlap = manager, num_rollout, overlap
         self.in_flight = manager.generate.remote(start) if start < num_rollout else None
 
-    def take(self, rollout_id: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    def take(self, rollout_id: int, stop: _StopRequest) -> tuple[list[dict[str, Any]], dict[str, float]] | None:
+        """Rollout k's (samples, metrics); None when a stop is requested before they are ready."""
         import ray
 
+        while not ray.wait([self.in_flight], timeout=0.5)[0]:
+            if stop.requested:
+                return None
         samples, metrics = ray.get(self.in_flight)
         self.in_flight = None
         if self._overlap and rollout_id + 1 < self._num_rollout:
@@ -314,20 +342,62 @@ def _evaluate(job: Job, rollout_id: int) -> dict[str, float]:
     return {}
 
 
+class _StopRequest:
+    """SIGTERM (preemption, suspend, a node drain) noted, not obeyed at once: the loop stops at the
+    next point where a checkpoint can cover everything trained, saves it and exits."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.since: float | None = None
+
+    @classmethod
+    def install(cls) -> _StopRequest:
+        import signal
+        import threading
+
+        request = cls()
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            signal.signal(signal.SIGTERM, request._note)
+        return request
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    def _note(self, signum, _frame) -> None:
+        if self.signal is None:
+            self.signal, self.since = signum, time.monotonic()
+            print("SIGTERM: stopping at the next checkpoint-safe point (the current rollout's training, or now if "
+                  "it is still generating), then saving", file=sys.stderr, flush=True)
+
+
+def _stop_after(job: Job, rollout_id: int, stop: _StopRequest, *, trained_since_start: bool) -> None:
+    """Make sure a checkpoint covers every rollout up to `rollout_id`, then raise Preempted."""
+    if trained_since_start and job.last_saved != rollout_id:
+        _save(job, rollout_id, force=True)
+    waited = time.monotonic() - (stop.since or time.monotonic())
+    if job.last_saved is None:
+        raise Preempted(f"stopped by SIGTERM after {waited:.1f} s, before any rollout was trained; nothing to save.")
+    raise Preempted(
+        f"stopped by SIGTERM after {waited:.1f} s; every trained rollout is in the checkpoint of rollout "
+        f"{job.last_saved} in {job.plan.checkpoint_root}."
+    )
+
+
 def _eval_interval(spec) -> int | None:
     return spec.eval.interval if spec.eval.datasets else None
 
 
-def _save(job: Job, rollout_id: int) -> dict[str, Any] | None:
-    """A checkpoint when due (every checkpoint.interval rollouts, and after the last one): its
-    rollout, path and time, else None."""
+def _save(job: Job, rollout_id: int, *, force: bool = False) -> dict[str, Any] | None:
+    """A checkpoint when due (every checkpoint.interval rollouts, after the last one, or when
+    `force`d): its rollout, path and time, else None."""
     import ray
 
     from rlkube_runtime.trainer.checkpoint import save_checkpoint
 
     spec = job.spec
     num_rollout, interval = spec.training.num_rollout, spec.checkpoint.interval
-    if not ((interval and (rollout_id + 1) % interval == 0) or rollout_id + 1 == num_rollout):
+    if not (force or (interval and (rollout_id + 1) % interval == 0) or rollout_id + 1 == num_rollout):
         return None
     saved = JobCheckpoint(
         trainer=ray.get(job.trainers[0].state_dict.remote()),
@@ -338,6 +408,7 @@ def _save(job: Job, rollout_id: int) -> dict[str, Any] | None:
         progress={"rollout_id": rollout_id, "num_rollout": num_rollout},
     )
     path = save_checkpoint(job.plan.checkpoint_root, rollout_id, saved.payload(), keep=spec.checkpoint.keep)
+    job.last_saved = rollout_id
     return {"rollout": rollout_id, "path": str(path), "time": datetime.now(timezone.utc)}
 
 
@@ -368,7 +439,9 @@ def _report(job: Job, rollout_id: int, metrics: dict[str, Any], checkpoint: dict
         )
 
 
-def _train(job: Job, rollout_id: int, samples, *, sync_version: int | None, in_flight=None) -> dict[str, float]:
+def _train(
+    job: Job, rollout_id: int, samples, *, sync_version: int | None, in_flight=None, stop: _StopRequest | None = None
+) -> dict[str, float]:
     """Train on one rollout, then (when due) sync the weights to the engines; a rollout still in
     flight (async mode) finishes on the old weights first, as in slime's async loop.
 
@@ -390,6 +463,8 @@ def _train(job: Job, rollout_id: int, samples, *, sync_version: int | None, in_f
         metrics["perf/handoff_to_train_time"] = handoff = time.monotonic() - started
     metrics.update(ray.get([t.train.remote(rollout_id, samples) for t in trainers])[0])
     metrics["perf/actor_train_time"] = time.monotonic() - started - handoff
+    if stop is not None and stop.requested:
+        sync_version = None  # stopping: the checkpoint has the weights; the engines are going away
     if takes_turns:
         back = time.monotonic()
         ray.get([t.release_memory.remote(keep_weights=sync_version is not None) for t in trainers])

@@ -6,6 +6,8 @@ shortened where the property allows it.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -132,3 +134,30 @@ def test_async_mode_overlaps_generation_with_training_one_version_behind_and_sti
     versions = {r["rollout"]: r["weight_versions"] for r in read_jsonl(out / "samples.jsonl")}
     assert versions[0] == versions[1] == ["default"], versions
     assert all(versions[k] == [str(k - 1)] for k in range(2, rollouts)), versions
+
+
+def test_sigterm_saves_what_was_trained_and_the_next_start_resumes_with_nothing_lost_or_doubled(tmp_path):
+    # No periodic checkpoints: whatever the resumed run finds was saved because of the SIGTERM.
+    settings = {"spec.training.numRollout": 10, "spec.checkpoint.interval": 100}
+    straight_out = tmp_path / "straight"
+    returncode, output = _run(write_local_tiny(tmp_path, "straight", **settings), straight_out)
+    assert returncode == 0, output[-5000:]
+
+    job = write_local_tiny(tmp_path, "preempted", **settings)
+    out = tmp_path / "preempted"
+    run = start_run(job, out)
+    run.wait_until(lambda: len(_trained_prompts(out)) >= 3, "three trained rollouts", timeout_s=600)
+    os.kill(run.proc.pid, signal.SIGTERM)  # the driver alone, as the kubelet signals the pod's entrypoint
+    returncode = run.wait(timeout_s=120)
+    assert returncode == 143, run.output[-5000:]
+    assert "stopped by SIGTERM" in run.output and "Traceback" not in run.output
+    saved = int((out / "checkpoints" / "latest").read_text().strip())
+    assert saved == max(_trained_prompts(out)) and saved < 9  # every trained rollout, mid-run
+
+    returncode, output = _run(job, out)
+    assert returncode == 0, output[-5000:]
+    assert "resuming from checkpoint" in output and f"(rollout {saved})" in output
+    got = _trained_prompts(out)
+    assert got == _trained_prompts(straight_out)
+    flat = [i for r in sorted(got) for i in got[r]]
+    assert len(flat) == len(set(flat)), "a sample index was trained on twice"
