@@ -534,6 +534,8 @@ def _pod_spec(
         "serviceAccountName": runtime_account_name(ref.name),
         "containers": [container],
         "volumes": volumes,
+        # On SIGTERM the runtime saves a checkpoint of everything trained before it exits.
+        "terminationGracePeriodSeconds": spec.fault_tolerance.termination_grace_period_seconds,
         **_job_pod_settings(spec),
     }
     if node_selector:

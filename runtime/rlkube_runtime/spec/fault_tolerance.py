@@ -35,6 +35,13 @@ class FaultToleranceSpec(SpecModel):
         description="Failed training attempts (trainer crash, lost node) retried from the last checkpoint before the "
         "job is Failed. Default 3, >= 0.",
     )
+    termination_grace_period_seconds: int = Field(
+        default=600,
+        ge=0,
+        description="Seconds a pod may take to stop after SIGTERM (preemption, suspend, a node drain): the run "
+        "finishes the rollout it is training, saves a checkpoint of everything trained and exits. Set it above the "
+        "time a training step plus a checkpoint of the model and optimizer take. Default 600, >= 0.",
+    )
     backoff_seconds: float = Field(
         default=10,
         ge=0,

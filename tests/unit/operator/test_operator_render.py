@@ -417,3 +417,13 @@ def test_every_label_rlkube_puts_on_pods_is_one_the_spec_refuses_from_users():
         for key in pod["metadata"]["labels"]:
             if key not in user:
                 assert key.startswith(RESERVED_LABEL_PREFIXES) or key in RESERVED_LABELS, (role, key)
+
+
+def test_every_pod_gets_the_grace_period_the_runtime_needs_to_checkpoint_on_sigterm():
+    def grace_periods(rayjob):
+        cluster = rayjob["spec"]["rayClusterSpec"]
+        pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+        return {pod["spec"]["terminationGracePeriodSeconds"] for pod in pods}
+
+    assert grace_periods(_render({})[1]) == {600}
+    assert grace_periods(_render({"faultTolerance": {"terminationGracePeriodSeconds": 1800}})[1]) == {1800}
