@@ -15,6 +15,7 @@ import os
 
 import kopf
 from rlkube_runtime.spec import API_GROUP, API_VERSION_NAME, PLURAL
+from rlkube_runtime.spec.contract import ENV_METRICS_PORT
 
 from . import metrics
 from .controller import Controller
@@ -30,7 +31,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.posting.level = logging.WARNING
     # Silent watch streams (kopf #585) are reconnected by kopf's watching.inactivity_timeout
     # (70 s by default); the controller's resync also re-reads every active RLJob.
-    port = os.environ.get("RLKUBE_METRICS_PORT")
+    port = os.environ.get(ENV_METRICS_PORT)
     if port:  # `kopf run` path; `rlkube operator` starts the server before kopf
         metrics.serve(int(port))
     memo.controller = Controller(Kube.connect(), OperatorSettings.from_env(), emit=_post_event)

@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rlkube_runtime.spec import TERMINAL_PHASES, RLJob, RLJobPhase, format_progress
+from rlkube_runtime.spec.contract import fixed_fields
 from rlkube_runtime.spec.load import SpecError, parse_rljob
 
 from . import render
@@ -53,18 +54,9 @@ from .status import (
 FAILED_AT_ANNOTATION = "rlkube.io/failed-at"
 
 # Fixed for the life of a job (camelCase paths under spec): the checkpoint layout, the data
-# position and the partial-rollout buffer in a checkpoint all depend on them.
-IMMUTABLE_FIELDS = (
-    "model",
-    "data",
-    "parallelism",
-    "resources.placement",
-    "rollout.batchSize",
-    "rollout.nSamplesPerPrompt",
-    "training.globalBatchSize",
-    "training.numStepsPerRollout",
-    "training.mode",
-)
+# position and the partial-rollout buffer in a checkpoint all depend on them. Read from the
+# spec's own transition rules, the ones the CRD enforces.
+IMMUTABLE_FIELDS = fixed_fields()
 
 _MISSING = object()
 

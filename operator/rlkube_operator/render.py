@@ -29,6 +29,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from rlkube_runtime.spec.contract import (  # what the runtime inside the pods expects
+    ENTRYPOINT,
+    ENV_METRICS_PORT,
+    ENV_RLJOB_NAME,
+    ENV_RLJOB_NAMESPACE,
+    MAX_NAME_LENGTH,
+    METRICS_PORT,
+    METRICS_PORT_NAME,
+    ROLLOUT_RESOURCE,
+    ROUTER_RESOURCE,
+    SPEC_FILE,
+    SPEC_MOUNT_DIR,
+    TRAINER_RESOURCE,
+)
 from rlkube_runtime.spec import API_VERSION, KIND, RLJobSpec
 from rlkube_runtime.spec.resources import RolloutResources, TrainerResources
 
@@ -45,25 +59,16 @@ MANAGED_BY = "rlkube-operator"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 SPEC_VOLUME = "rlkube-spec"
-SPEC_MOUNT_DIR = "/etc/rlkube"
 SHM_VOLUME = "rlkube-shm"
 SHM_MOUNT_DIR = "/dev/shm"
 RESERVED_VOLUMES = (SPEC_VOLUME, SHM_VOLUME)
-SPEC_FILE = "rljob.yaml"
-ENTRYPOINT = f"rlkube run {SPEC_MOUNT_DIR}/{SPEC_FILE}"
-
-# Ray custom resources, one unit per GPU (or one per pod without GPUs); the runtime adds them to
-# its placement-group bundles so trainer ranks and engines land on the pods meant for them.
-TRAINER_RESOURCE = "rlkube_trainer"
-ROLLOUT_RESOURCE = "rlkube_rollout"
-ROUTER_RESOURCE = "rlkube_router"
 
 # A rollout pod holds whole engines and at most this many GPUs (one node of the usual GPU servers).
 MAX_GPUS_PER_ROLLOUT_POD = 8
 # KubeRay refuses RayJob names over 47 characters (its RayCluster gets a 6-character suffix, and
 # Services derived from that must stay DNS labels); `<name>-<attempt>` must fit.
 MAX_RAYJOB_NAME_LENGTH = 47
-MAX_RLJOB_NAME_LENGTH = 40
+MAX_RLJOB_NAME_LENGTH = MAX_NAME_LENGTH
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 HEAD_RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"}}
@@ -80,8 +85,8 @@ RAY_PORTS = [
 ]
 # The driver (the RayJob's entrypoint, on the head) serves the rlkube_* training series here; the
 # chart's PodMonitor scrapes this port by name.
-RUNTIME_METRICS_PORT = 9464
-RUNTIME_METRICS_PORT_NAME = "rlkube-metrics"
+RUNTIME_METRICS_PORT = METRICS_PORT
+RUNTIME_METRICS_PORT_NAME = METRICS_PORT_NAME
 
 
 class RenderError(ValueError):
@@ -412,8 +417,8 @@ def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, image: str) -> dict[
     container["ports"] = copy.deepcopy(RAY_PORTS) + [
         {"name": RUNTIME_METRICS_PORT_NAME, "containerPort": RUNTIME_METRICS_PORT}
     ]
-    if not any(e.get("name") == "RLKUBE_METRICS_PORT" for e in container["env"]):
-        container["env"].append({"name": "RLKUBE_METRICS_PORT", "value": str(RUNTIME_METRICS_PORT)})
+    if not any(e.get("name") == ENV_METRICS_PORT for e in container["env"]):
+        container["env"].append({"name": ENV_METRICS_PORT, "value": str(RUNTIME_METRICS_PORT)})
     # The head runs no GPU work; it takes the trainer's tolerations so it can share tainted GPU
     # nodes when those are all there is, but not its nodeSelector or affinity (it needs no GPU node).
     pod = _pod_spec(ref, spec, container, node_selector={}, tolerations=trainer.tolerations, affinity={})
@@ -493,8 +498,8 @@ def _container(
     ref: JobRef, spec: RLJobSpec, attempt: int, *, name: str, image: str, resources: dict[str, Any], role: str
 ) -> dict[str, Any]:
     env = [
-        {"name": "RLKUBE_RLJOB_NAME", "value": ref.name},
-        {"name": "RLKUBE_RLJOB_NAMESPACE", "value": ref.namespace},
+        {"name": ENV_RLJOB_NAME, "value": ref.name},
+        {"name": ENV_RLJOB_NAMESPACE, "value": ref.namespace},
         {"name": "RLKUBE_ATTEMPT", "value": str(attempt)},
         {"name": "RLKUBE_ROLE", "value": role},
     ]

@@ -258,7 +258,9 @@ def _start(plan: RunPlan, cluster: str) -> Job:
 
     spec = plan.job.spec
     topology = _plan_topology(spec)
-    metrics_port = os.environ.get("RLKUBE_METRICS_PORT")
+    from rlkube_runtime.spec.contract import ENV_METRICS_PORT
+
+    metrics_port = os.environ.get(ENV_METRICS_PORT)
     logger = MetricsLogger(plan.job.metadata.name, plan.output_dir, prometheus_port=int(metrics_port) if metrics_port else None)
     reporter = _status_reporter()
     trainers, rollout = _start_actors(plan, topology, cluster)
@@ -534,7 +536,8 @@ def _init_ray() -> str:
 def _plan_topology(spec):
     import ray
 
-    from rlkube_runtime.topology import TRAINER_RESOURCE, plan_topology
+    from rlkube_runtime.spec.contract import TRAINER_RESOURCE
+    from rlkube_runtime.topology import plan_topology
 
     resources = ray.cluster_resources()
     return plan_topology(
@@ -555,7 +558,7 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from rlkube_runtime.rollout.manager import RolloutManager
-    from rlkube_runtime.topology import ROUTER_RESOURCE
+    from rlkube_runtime.spec.contract import ROUTER_RESOURCE
     from rlkube_runtime.train_worker import TrainerWorker
 
     spec_dict = plan.job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -24,11 +24,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .spec.base import API_GROUP, API_VERSION_NAME, PLURAL
+from .spec.contract import ENV_RLJOB_NAME, ENV_RLJOB_NAMESPACE
 
 log = logging.getLogger(__name__)
 
-ENV_NAME = "RLKUBE_RLJOB_NAME"
-ENV_NAMESPACE = "RLKUBE_RLJOB_NAMESPACE"
+ENV_NAME = ENV_RLJOB_NAME
+ENV_NAMESPACE = ENV_RLJOB_NAMESPACE
 TIMEOUT_SECONDS = 10
 # status.metrics keys the CRD declares (others would be pruned by the API server).
 METRIC_KEYS = ("rewardMean", "kl", "stepSeconds")

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Ray custom resources the operator gives each worker group (rlkube_operator.render).
-TRAINER_RESOURCE = "rlkube_trainer"
-ROLLOUT_RESOURCE = "rlkube_rollout"
-ROUTER_RESOURCE = "rlkube_router"
+from rlkube_runtime.spec.contract import ROLLOUT_RESOURCE, ROUTER_RESOURCE, TRAINER_RESOURCE  # the operator's pod groups
 
 
 @dataclass(frozen=True)

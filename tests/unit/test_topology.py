@@ -47,17 +47,6 @@ def test_in_a_kuberay_cluster_bundles_ask_for_the_pod_group_resources():
     assert all("rlkube_trainer" not in b for b in plan().bundles)
 
 
-def test_the_runtime_asks_for_the_resources_the_operator_gives_its_pods():
-    from rlkube_operator import render
-    from rlkube_runtime import topology
-
-    assert (render.TRAINER_RESOURCE, render.ROLLOUT_RESOURCE, render.ROUTER_RESOURCE) == (
-        topology.TRAINER_RESOURCE,
-        topology.ROLLOUT_RESOURCE,
-        topology.ROUTER_RESOURCE,
-    )
-
-
 def test_a_colocated_engine_over_two_gpus_gets_both_of_its_ranks_gpus():
     from rlkube_runtime.topology import colocated_engine_gpus
 

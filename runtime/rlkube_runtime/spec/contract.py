@@ -1,0 +1,67 @@
+"""What the operator and the runtime must agree on, in the one place both import.
+
+The operator renders pods, environment and mounts; the runtime, inside those pods, finds its spec,
+its RLJob and its Ray resources by the same names. Each side writes its own part of the RLJob's
+status. Change a value here and both sides change together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from .rljob import NAME_MAX_LENGTH, RLJobSpec
+
+# Ray custom resources the operator gives each worker group, one unit per GPU (or per pod without
+# GPUs); the runtime's placement-group bundles ask for them, so trainer ranks, engines and the
+# router land on the pods meant for them.
+TRAINER_RESOURCE = "rlkube_trainer"
+ROLLOUT_RESOURCE = "rlkube_rollout"
+ROUTER_RESOURCE = "rlkube_router"
+
+# Environment the operator sets in every pod of an attempt.
+ENV_RLJOB_NAME = "RLKUBE_RLJOB_NAME"  # which RLJob the runtime reports status to
+ENV_RLJOB_NAMESPACE = "RLKUBE_RLJOB_NAMESPACE"
+ENV_METRICS_PORT = "RLKUBE_METRICS_PORT"  # where the driver serves its Prometheus series
+
+# The head pod serves the training metrics on this port, named for the chart's PodMonitor.
+METRICS_PORT = 9464
+METRICS_PORT_NAME = "rlkube-metrics"
+
+# The RLJob's spec, as a file from its ConfigMap, and the command that runs it on the head pod.
+SPEC_MOUNT_DIR = "/etc/rlkube"
+SPEC_FILE = "rljob.yaml"
+ENTRYPOINT = f"rlkube run {SPEC_MOUNT_DIR}/{SPEC_FILE}"
+
+# Longest RLJob name: its RayJob is `<name>-<attempt>`, which KubeRay keeps to 47 characters.
+MAX_NAME_LENGTH = NAME_MAX_LENGTH
+
+# Status fields the runtime writes (through its narrow Role); the operator owns all the others
+# and never writes these (restarts is shared: the runtime writes `engine`, the operator `job`).
+RUNTIME_STATUS_FIELDS = ("progress", "lastCheckpoint", "metrics", "restarts.engine")
+
+
+def fixed_fields() -> tuple[str, ...]:
+    """The spec fields fixed after creation (camelCase paths under spec), read from the spec's own
+    `self == oldSelf` transition rules: the CRD refuses changes to them, and the operator holds
+    them at their running values should an older CRD let a change through."""
+    return tuple(_fixed(RLJobSpec, ""))
+
+
+def _fixed(model: type[BaseModel], prefix: str) -> list[str]:
+    paths = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{info.alias or name}"
+        if _is_fixed(info.json_schema_extra):
+            paths.append(path)
+            continue
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            paths += _fixed(annotation, f"{path}.")
+    return paths
+
+
+def _is_fixed(extra: Any) -> bool:
+    rules = extra.get("x-kubernetes-validations", []) if isinstance(extra, dict) else []
+    return any(rule.get("rule") == "self == oldSelf" for rule in rules)
