@@ -24,6 +24,10 @@ MANAGED_SGLANG_FLAGS = {
     "dist-init-addr": "the first node of the engine (chosen by rlkube)",
     "base-gpu-id": "the GPUs Ray gave the engine (CUDA_VISIBLE_DEVICES)",
 }
+_BUILTIN_ONE_GPU = (
+    "the built-in engine runs on one device, so gpusPerEngine must be 1 with engine builtin; use engine: sglang "
+    "for tensor-parallel engines"
+)
 # SGLang's own spellings of two of them.
 _SGLANG_FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "nccl-init-addr": "dist-init-addr"}
 
@@ -46,6 +50,11 @@ class RolloutSpec(SpecModel):
             "rule": "!has(self.topK) || self.topK != 0",
             "message": "topK must be -1 (disabled) or at least 1, got 0",
             "fieldPath": ".topK",
+        },
+        {
+            "rule": "!has(self.engine) || self.engine != 'builtin' || !has(self.gpusPerEngine) || self.gpusPerEngine == 1",
+            "message": _BUILTIN_ONE_GPU,
+            "fieldPath": ".gpusPerEngine",
         },
     )
 
@@ -129,6 +138,8 @@ class RolloutSpec(SpecModel):
             ))
         if self.top_k == 0:
             violations.append(("topK", "topK must be -1 (disabled) or at least 1, got 0"))
+        if self.engine == "builtin" and self.gpus_per_engine != 1:
+            violations.append(("gpusPerEngine", _BUILTIN_ONE_GPU))
         for key in self.sglang_args:
             name = key.lstrip("-").replace("_", "-")
             name = _SGLANG_FLAG_ALIASES.get(name, name)

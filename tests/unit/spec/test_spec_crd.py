@@ -281,6 +281,7 @@ CROSS_FIELD_CASES = [
     ({"algorithm": {"tis": {"clip": 1.5, "clipLow": 2.0}}}, "spec.algorithm.tis.clipLow", False),
     ({"rollout": {"batchSize": 16, "overSamplingBatchSize": 16}}, "spec.rollout.overSamplingBatchSize", True),
     ({"rollout": {"batchSize": 16, "topK": 0}}, "spec.rollout.topK", True),
+    ({"rollout": {"batchSize": 16, "engine": "builtin", "gpusPerEngine": 2}}, "spec.rollout.gpusPerEngine", True),
     ({"reward": {"type": "custom"}}, "spec.reward.customPath", True),
     ({"reward": {"type": "remote"}}, "spec.reward.url", True),
     ({"model": {"dtype": "float32"}}, "spec.model", True),
