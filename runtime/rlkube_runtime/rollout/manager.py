@@ -313,10 +313,22 @@ class RolloutManager:
 
     async def release_memory(self, tags: list[str] | None = None) -> None:
         """Every engine frees `tags` (weights, kv_cache, cuda_graph; default all) until resumed."""
-        await asyncio.gather(*(self._admin(url).release_memory_occupation(tags) for url in self._urls))
+        await self._each_live_engine(lambda admin: admin.release_memory_occupation(tags))
 
     async def resume_memory(self, tags: list[str] | None = None) -> None:
-        await asyncio.gather(*(self._admin(url).resume_memory_occupation(tags) for url in self._urls))
+        await self._each_live_engine(lambda admin: admin.resume_memory_occupation(tags))
+
+    async def _each_live_engine(self, call) -> None:
+        """`call` every engine's admin at once. An engine that does not answer is passed over: a
+        dead engine holds no memory, and the health check (or the next weight sync) replaces it
+        with one that starts with its memory in place."""
+        urls = list(self._urls)
+        results = await asyncio.gather(*(call(self._admin(url)) for url in urls), return_exceptions=True)
+        for url, result in zip(urls, results):
+            if isinstance(result, BaseException):
+                if not _engine_unreachable(result):
+                    raise result
+                log.warning("engine %s did not answer (%s); it will be replaced", url, result)
 
     def _admin(self, url: str):
         """The engine's control client: one per engine for the run, so one connection pool and
