@@ -3,14 +3,12 @@ rollout image's base tag, and what is installed here (what the conformance tests
 
 import importlib.metadata
 import re
+import tomllib  # the test environment is Python 3.11+ (CI's is 3.11)
 
-import pytest
 from example_launch_lines import ROOT
 from packaging.requirements import Requirement
 
 from rlkube_runtime.rollout.sglang_args import SGLANG_ROUTER_VERSION, SGLANG_VERSION
-
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 
 def _extras() -> dict[str, list[str]]:
