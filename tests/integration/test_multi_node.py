@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from local_runs import read_jsonl, start_run, write_local_tiny
 
+from rlkube_runtime.rollout.launch import free_port
+
 pytestmark = [pytest.mark.slow]
 
 HEAD = "127.0.0.2"
@@ -45,7 +47,7 @@ def _ray(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def cluster(tmp_path):
     """Head plus the four worker nodes; stopped (all of Ray on this machine) afterwards."""
     env = {**os.environ, **RAY_ENV}
-    port = _free_port(HEAD)
+    port = free_port(HEAD)
     try:
         head = _ray("start", "--head", f"--node-ip-address={HEAD}", f"--port={port}", "--num-cpus=1",
                     "--include-dashboard=false", "--disable-usage-stats", env=env)
@@ -57,14 +59,6 @@ def cluster(tmp_path):
         yield f"{HEAD}:{port}"
     finally:
         _ray("stop", "--force", env=env)
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def test_trainer_pods_and_rollout_pods_reach_each_other_by_address_and_learn(tmp_path, cluster):

@@ -172,9 +172,7 @@ def _read_jsonl(path: pathlib.Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
                     f"{where}: malformed JSON ({exc.msg} at column {exc.colno}); each line must "
                     "be one JSON object."
                 ) from None
-            if not isinstance(record, dict):
-                raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}.")
-            yield where, record
+            yield where, _json_object(where, record)
 
 
 def _read_json(path: pathlib.Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -192,9 +190,13 @@ def _read_json(path: pathlib.Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
         ) from None
     for i, record in enumerate(records):
         where = f"{path} item {i}"
-        if not isinstance(record, dict):
-            raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}.")
-        yield where, record
+        yield where, _json_object(where, record)
+
+
+def _json_object(where: str, record: Any) -> Mapping[str, Any]:
+    if not isinstance(record, dict):
+        raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}.")
+    return record
 
 
 def _read_parquet(

@@ -11,7 +11,7 @@ from rlkube_runtime.engine.protocol import SamplingParams
 from rlkube_runtime.engine.sampling import SamplingRows, sample_tokens
 from rlkube_runtime.engine.slot_runner import SlotRunner, _batch_bucket, _round_slots, unsupported_reason
 
-from engine_testutil import engine_of
+from engine_testutil import engine_of, record_batch_sizes
 
 
 async def _generate(client, body, status=200):
@@ -67,10 +67,7 @@ async def test_retracted_requests_resume_with_the_same_tokens(start_engine):
 
 async def test_kv_budget_limits_admission_and_refuses_a_request_that_cannot_fit(start_engine):
     client = await start_engine(runner="slot", max_total_tokens=600)
-    engine = engine_of(client)
-    sizes = []
-    decode = engine.runner.decode
-    engine.runner.decode = lambda tokens, positions: (sizes.append(len(tokens)), decode(tokens, positions))[1]
+    sizes = record_batch_sizes(client)
     # Each needs ~2 + 200 slots, rounded up to 256: two rows fit in 600 slots, never three.
     bodies = [{"text": "x", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}} for _ in range(4)]
     results = await asyncio.gather(*(_generate(client, b) for b in bodies))
