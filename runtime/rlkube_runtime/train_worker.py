@@ -27,6 +27,10 @@ SUPPORTED_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_p
 
 def check_trainer_supports(spec: RLJobSpec) -> None:
     """Fail at start, naming the field, for settings this trainer cannot honour."""
+    if spec.training.backend != "torch":
+        raise ValueError(
+            f"spec.training.backend: {spec.training.backend!r} is not available in this runtime; use 'torch'"
+        )
     estimator = spec.algorithm.advantage_estimator
     if estimator not in SUPPORTED_ESTIMATORS:
         raise ValueError(
