@@ -58,6 +58,7 @@ they do not, run them in turns with `--only` into one --workdir and render them 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib.metadata
 import json
 import math
@@ -128,14 +129,24 @@ def main(argv: list[str] | None = None) -> int:
     gpus = _visible_gpus(build["gpu_count"]) if build["device"] == "cuda" else []
 
     sides = [s for s in _load_merged(args.merge_json) if s.key not in only]
+    beside = None  # TRL on the last GPU while rlkube colocated runs on the first (--trl-beside-colocated)
+    if args.trl_beside_colocated and "trl" in only and "colocated" in only and len(gpus) >= 2:
+        print(f"--- {TITLES['trl']} (on GPU {gpus[-1]}, beside rlkube colocated on GPU {gpus[0]}) ---", flush=True)
+        beside = concurrent.futures.ThreadPoolExecutor(1).submit(_run_trl, args, build, prompts, workdir, gpus[-1:])
     for key in SIDES:
         if key not in only:
             continue
-        print(f"--- {TITLES[key]} ---", flush=True)
-        if key == "trl":
-            side = _run_trl(args, build, prompts, workdir, gpus)
+        if key == "trl" and beside is not None:
+            side = beside.result()
+            side.note += "; ran at the same time as rlkube colocated, on another GPU of the same host"
         else:
-            side = _run_rlkube(args, key, build, prompts, workdir, gpus)
+            if key == "separate" and beside is not None:
+                beside.result()  # separate needs both GPUs
+            print(f"--- {TITLES[key]} ---", flush=True)
+            if key == "trl":
+                side = _run_trl(args, build, prompts, workdir, gpus)
+            else:
+                side = _run_rlkube(args, key, build, prompts, workdir, gpus)
         print(f"  {side.status}: {_one_line(side)}", flush=True)
         sides.append(side)
         _write_json(json_path, command, args, build, sides)  # after every side: nothing lost if a later one hangs
@@ -165,6 +176,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trl-micro-batch", type=int, default=16, help="TRL per_device_train_batch_size; gradient accumulation makes up the rest of the batch. Default 16 (64 samples = 4 micro-batches).")
     p.add_argument("--trl-model-dtype", choices=("float32", "bfloat16"), default="float32", help="dtype TRL loads the policy in; with bf16=True the forward runs under bf16 autocast either way. Default float32 (TRL's own default for a model path, and fp32 master weights as rlkube's trainer keeps them).")
     p.add_argument("--only", default=",".join(SIDES), help=f"comma-separated sides to run, of {','.join(SIDES)}. Default all.")
+    p.add_argument("--trl-beside-colocated", action="store_true", help="with 2+ GPUs, run TRL on the last GPU at the same time as rlkube colocated on the first (each still has its GPU alone; they share the host's CPUs), so the three sides fit in one shorter invocation.")
     p.add_argument("--timeout", type=float, default=300, help="seconds each side may take (its whole process). Default 300.")
     p.add_argument("--workdir", default=None, help="checkpoint, prompts, job files, logs, run outputs (default: a new temp directory).")
     p.add_argument("--out", default="benchmarks/results/gpu_loop_h200.md", help="Markdown report. Default benchmarks/results/gpu_loop_h200.md.")

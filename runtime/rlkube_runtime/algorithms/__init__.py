@@ -14,7 +14,7 @@ from .advantages import (
     gae,
     group_normalize,
 )
-from .entropy import entropy_from_logits, log_probs_from_logits
+from .entropy import entropy_from_logits, log_probs_and_entropy, log_probs_from_logits
 from .kl import KL_ESTIMATORS, compute_approx_kl
 from .loss import policy_objective, value_objective
 from .policy_loss import (
@@ -51,6 +51,7 @@ __all__ = [
     "gae",
     "global_counts",
     "group_normalize",
+    "log_probs_and_entropy",
     "log_probs_from_logits",
     "loss_token_weights",
     "masked_mean",

@@ -61,3 +61,104 @@ def entropy_from_logits(logits: Tensor, temperature: float | None = None) -> Ten
     # 0 * (-inf) would be NaN; a zero-probability token contributes nothing.
     log_p = torch.where(torch.isneginf(log_p), torch.zeros_like(log_p), log_p)
     return -(p * log_p).sum(dim=-1)
+
+
+# Tokens per chunk in `log_probs_and_entropy`: about 512 MiB of float32 logits at a 150k vocabulary.
+_CHUNK_ELEMENTS = 2**27
+
+
+def log_probs_and_entropy(
+    logits: Tensor,
+    tokens: Tensor,
+    temperature: float | None = None,
+    *,
+    with_entropy: bool = True,
+    entropy_grad: bool = True,
+    chunk_elements: int = _CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor | None]:
+    """`log_probs_from_logits` and `entropy_from_logits` of [N, V] logits in one pass, in chunks.
+
+    The same values, but the float32 copy of the logits exists for one chunk of rows at a time,
+    in the forward and in the backward (which recomputes it from the bf16 logits instead of
+    keeping float32 intermediates). At a 150k vocabulary the unchunked functions hold several
+    [N, V] float32 tensors per micro-batch (4 bytes x 150k per response token each) and make a
+    dozen passes over them; this keeps one chunk and makes about four.
+
+    Returns ([N] log-probs, [N] entropy or None), float32 (float64 for float64 logits). With
+    `entropy_grad` False the entropy carries no gradient (it is a metric only).
+    """
+    if logits.dim() != 2 or tokens.shape != logits.shape[:1]:
+        raise ValueError(
+            f"log_probs_and_entropy takes [N, V] logits and [N] tokens; got {tuple(logits.shape)} and {tuple(tokens.shape)}"
+        )
+    scale = 1.0 if temperature is None or temperature == 0 else float(temperature)
+    if scale < 0:
+        raise ValueError(f"temperature={temperature!r} is negative; use a value > 0 (or 0/None for 1.0)")
+    chunk = max(1, chunk_elements // max(1, logits.shape[-1]))
+    logp, ent = _ChunkedLogProbsEntropy.apply(logits, tokens.long(), scale, with_entropy, entropy_grad, chunk)
+    return logp, (ent if with_entropy else None)
+
+
+def _chunk_stats(logits: Tensor, tokens: Tensor, scale: float, with_entropy: bool):
+    """(z, log-sum-exp, log-prob of the token, entropy or None) of one chunk."""
+    z = as_float(logits)
+    if scale != 1.0:
+        z = z / scale
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse
+    ent = None
+    if with_entropy:
+        p = torch.exp(z - lse.unsqueeze(-1))
+        # H = lse - sum p z; where p == 0 (z == -inf) the term is 0, not nan.
+        ent = lse - torch.where(p > 0, p * z, 0.0).sum(-1)
+    return z, lse, logp, ent
+
+
+class _ChunkedLogProbsEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, tokens, scale, with_entropy, entropy_grad, chunk):
+        out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        n = logits.shape[0]
+        logp = torch.empty(n, dtype=out_dtype, device=logits.device)
+        ent = torch.zeros(n if with_entropy else 0, dtype=out_dtype, device=logits.device)
+        lse = torch.empty(n, dtype=out_dtype, device=logits.device)
+        for start in range(0, n, chunk):
+            rows = slice(start, start + chunk)
+            _, lse[rows], logp[rows], chunk_ent = _chunk_stats(logits[rows], tokens[rows], scale, with_entropy)
+            if with_entropy:
+                ent[rows] = chunk_ent
+        ctx.save_for_backward(logits, tokens, lse, ent)
+        ctx.scale, ctx.chunk, ctx.entropy_grad = scale, chunk, with_entropy and entropy_grad
+        ctx.set_materialize_grads(False)
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_ent):
+        logits, tokens, lse, ent = ctx.saved_tensors
+        if not ctx.entropy_grad:
+            grad_ent = None
+        grad = torch.zeros_like(logits)
+        if grad_logp is None and grad_ent is None:
+            return grad, None, None, None, None, None
+        for start in range(0, logits.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            z = as_float(logits[rows])
+            if ctx.scale != 1.0:
+                z = z / ctx.scale
+            log_p = z - lse[rows].unsqueeze(-1)
+            p = torch.exp(log_p)
+            g = torch.zeros_like(z)
+            if grad_logp is not None:
+                # d logp / dz = onehot(token) - p
+                g_lp = grad_logp[rows].unsqueeze(-1)
+                g.sub_(p * g_lp).scatter_add_(-1, tokens[rows].unsqueeze(-1), g_lp)
+            if grad_ent is not None:
+                # dH / dz_j = -p_j (log p_j + H); 0 where p_j == 0
+                term = torch.where(p > 0, p * (log_p + ent[rows].unsqueeze(-1)), 0.0)
+                g.sub_(term * grad_ent[rows].unsqueeze(-1))
+            if ctx.scale != 1.0:
+                g.div_(ctx.scale)
+            grad[rows] = g.to(grad.dtype)
+        return grad, None, None, None, None, None

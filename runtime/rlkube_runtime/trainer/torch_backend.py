@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..algorithms.entropy import entropy_from_logits, log_probs_from_logits
+from ..algorithms.entropy import log_probs_and_entropy
 from ..algorithms.loss import policy_objective
 from ..algorithms.reduction import global_counts
 from .backend import LogProbs
@@ -40,6 +41,14 @@ from .rng import capture_rng_state, restore_rng_state
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Without spec.parallelism.maxTokensPerGpu a GPU micro-batch holds up to this many padded tokens:
+# on an H200 at the Qwen3-0.6B shape 16k tokens run 9% faster than 8k per token (fewer, larger
+# launches) at ~50 GiB peak without compiled layers (benchmarks/results/trainer_profile_h200.md).
+GPU_MAX_TOKENS_PER_MICRO_BATCH = 16384
+
+# Set to 0 to run the decoder layers eagerly on a GPU (debugging, or a model torch.compile rejects).
+COMPILE_ENV = "RLKUBE_TORCH_COMPILE"
 
 
 class TorchBackend:
@@ -65,6 +74,8 @@ class TorchBackend:
         self.model = _load_causal_lm(
             config.model.hf_checkpoint, config.model.attn_implementation, config.model.trust_remote_code
         ).to(self.device)
+        if self.device.type == "cuda" and compile_enabled():
+            compile_decoder_layers(self.model)
         self._train_module: torch.nn.Module = ResponseLogits(self.model)
         if self.world_size > 1:
             self._train_module = DistributedDataParallel(
@@ -79,6 +90,8 @@ class TorchBackend:
                 self.device
             )
             self.ref_model.requires_grad_(False).eval()
+            if self.device.type == "cuda" and compile_enabled():
+                compile_decoder_layers(self.ref_model)
 
         self.optimizer = _make_adamw(self.model, config)
         self.schedule = LRSchedule(self.optimizer, config.optimizer)
@@ -297,10 +310,13 @@ class TorchBackend:
 
     def _plan(self, batch: TrainBatch) -> list[list[int]]:
         b = self.config.batching
+        budget = b.max_tokens_per_gpu
+        if budget is None and self.device.type == "cuda":
+            budget = max(GPU_MAX_TOKENS_PER_MICRO_BATCH, *batch.total_lengths) if len(batch) else None
         return plan_micro_batches(
             batch.total_lengths,
             dynamic_batch_size=b.dynamic_batch_size,
-            max_tokens_per_gpu=b.max_tokens_per_gpu,
+            max_tokens_per_gpu=budget,
             micro_batch_size=b.micro_batch_size,
         )
 
@@ -317,11 +333,9 @@ class TorchBackend:
         with self._autocast():
             logits = module(rows.input_ids, *index)  # [ΣR, V]
         targets = rows.input_ids[index[0], index[1] + 1]
-        temperature = self.config.temperature
-        logp = log_probs_from_logits(logits, targets, temperature)
-        ent = None
-        if with_entropy:
-            ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature)
+        logp, ent = log_probs_and_entropy(
+            logits, targets, self.config.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
         split = list(mb.response_lengths)
         return list(logp.split(split)), None if ent is None else list(ent.split(split))
 
@@ -396,6 +410,28 @@ class ResponseLogits(torch.nn.Module):
         # see a pad, and transformers runs plain causal (flash) attention.
         hidden = self.lm.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
         return self.lm.get_output_embeddings()(hidden[rows, cols])
+
+
+def compile_enabled() -> bool:
+    return os.environ.get(COMPILE_ENV, "1") not in ("0", "false", "False", "")
+
+
+def compile_decoder_layers(model: torch.nn.Module) -> int:
+    """torch.compile each decoder layer of an HF causal LM (dynamic shapes); returns how many.
+
+    HF layers run a dozen unfused float32 kernels per RMSNorm, rotary and SwiGLU, and on a GPU
+    those elementwise passes, not the matmuls, dominate forward+backward at sub-billion sizes
+    (benchmarks/results/trainer_profile_h200.md: 0.7 s of 1.0 s of kernel time). Compiling
+    layer by layer fuses them while keeping one graph for all layers (same code, parameters as
+    inputs) and leaves the embedding, LM head and loss, which take ragged shapes, eager.
+    """
+    layers = getattr(getattr(model, "base_model", model), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        log.warning("no decoder layer list found on %s; its layers run eagerly", type(model).__name__)
+        return 0
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
 
 
 def _load_causal_lm(path: str, attn_implementation: str, trust_remote_code: bool = False) -> torch.nn.Module:

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rlkube_runtime.algorithms import entropy_from_logits, log_probs_from_logits
+from rlkube_runtime.algorithms import entropy_from_logits, log_probs_and_entropy, log_probs_from_logits
 
 
 def test_entropy_of_uniform_logits_is_log_vocab_size_for_2d_and_3d():
@@ -55,3 +55,49 @@ def test_token_shape_mismatch_and_negative_temperature_raise():
         log_probs_from_logits(torch.zeros(3, 4), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="temperature=-1"):
         log_probs_from_logits(torch.zeros(3, 4), torch.tensor([0, 1, 2]), -1.0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_log_probs_and_entropy_equal_the_plain_functions_in_value_and_gradient(temperature):
+    torch.manual_seed(0)
+    logits = torch.randn(37, 50, dtype=torch.float64)
+    logits[3, 7] = float("-inf")  # a token the model can never say
+    tokens = torch.randint(0, 50, (37,))
+    tokens[3] = 8
+    w_logp, w_ent = torch.randn(37, dtype=torch.float64), torch.randn(37, dtype=torch.float64)
+
+    fused_in = logits.clone().requires_grad_(True)
+    logp, ent = log_probs_and_entropy(fused_in, tokens, temperature, chunk_elements=50 * 8)  # 5 chunks
+    ((logp * w_logp).sum() + (ent * w_ent).sum()).backward()
+
+    plain_in = logits.clone().requires_grad_(True)
+    plain_logp = log_probs_from_logits(plain_in, tokens, temperature)
+    plain_ent = entropy_from_logits(plain_in, temperature)
+    ((plain_logp * w_logp).sum() + (plain_ent * w_ent).sum()).backward()
+
+    assert torch.allclose(logp, plain_logp, atol=1e-12)
+    assert torch.allclose(ent, plain_ent, atol=1e-12)
+    assert torch.allclose(fused_in.grad, plain_in.grad, atol=1e-12)
+    assert torch.isfinite(fused_in.grad).all() and fused_in.grad[3, 7] == 0
+
+
+def test_chunked_entropy_without_gradient_is_a_metric_only():
+    torch.manual_seed(1)
+    logits = torch.randn(9, 11, dtype=torch.float64)
+    tokens = torch.randint(0, 11, (9,))
+    fused_in = logits.clone().requires_grad_(True)
+    logp, ent = log_probs_and_entropy(fused_in, tokens, entropy_grad=False, chunk_elements=22)
+    assert not ent.requires_grad
+    logp.sum().backward()
+    plain_in = logits.clone().requires_grad_(True)
+    log_probs_from_logits(plain_in, tokens).sum().backward()
+    assert torch.allclose(fused_in.grad, plain_in.grad, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: log_probs_and_entropy(x, tokens, 0.5, chunk_elements=30), (logits.clone().requires_grad_(),))
+
+
+def test_chunked_log_probs_keep_bf16_logits_gradients_in_bf16():
+    logits = torch.randn(4, 16).to(torch.bfloat16).requires_grad_(True)
+    logp, ent = log_probs_and_entropy(logits, torch.tensor([0, 1, 2, 3]), with_entropy=False)
+    assert logp.dtype == torch.float32 and ent is None
+    logp.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
