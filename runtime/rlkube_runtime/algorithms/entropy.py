@@ -75,6 +75,7 @@ def log_probs_and_entropy(
     with_entropy: bool = True,
     entropy_grad: bool = True,
     chunk_elements: int = _CHUNK_ELEMENTS,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """`log_probs_from_logits` and `entropy_from_logits` of [N, V] logits in one pass, in chunks.
 
@@ -85,7 +86,8 @@ def log_probs_and_entropy(
     dozen passes over them; this keeps one chunk and makes about four.
 
     Returns ([N] log-probs, [N] entropy or None), float32 (float64 for float64 logits). With
-    `entropy_grad` False the entropy carries no gradient (it is a metric only).
+    `entropy_grad` False the entropy carries no gradient (it is a metric only). `compiled` runs
+    each chunk's arithmetic through torch.compile (for GPUs: fused kernels).
     """
     if logits.dim() != 2 or tokens.shape != logits.shape[:1]:
         raise ValueError(
@@ -95,12 +97,12 @@ def log_probs_and_entropy(
     if scale < 0:
         raise ValueError(f"temperature={temperature!r} is negative; use a value > 0 (or 0/None for 1.0)")
     chunk = max(1, chunk_elements // max(1, logits.shape[-1]))
-    logp, ent = _ChunkedLogProbsEntropy.apply(logits, tokens.long(), scale, with_entropy, entropy_grad, chunk)
+    logp, ent = _ChunkedLogProbsEntropy.apply(logits, tokens.long(), scale, with_entropy, entropy_grad, chunk, compiled)
     return logp, (ent if with_entropy else None)
 
 
 def _chunk_stats(logits: Tensor, tokens: Tensor, scale: float, with_entropy: bool):
-    """(z, log-sum-exp, log-prob of the token, entropy or None) of one chunk."""
+    """(log-sum-exp, log-prob of the token, entropy or None) of one chunk."""
     z = as_float(logits)
     if scale != 1.0:
         z = z / scale
@@ -111,12 +113,44 @@ def _chunk_stats(logits: Tensor, tokens: Tensor, scale: float, with_entropy: boo
         p = torch.exp(z - lse.unsqueeze(-1))
         # H = lse - sum p z; where p == 0 (z == -inf) the term is 0, not nan.
         ent = lse - torch.where(p > 0, p * z, 0.0).sum(-1)
-    return z, lse, logp, ent
+    return lse, logp, ent
+
+
+def _chunk_grad(logits, tokens, lse, ent, grad_logp, grad_ent, scale: float) -> Tensor:
+    """d(loss)/d(logits) of one chunk, in the logits' dtype, from the saved log-sum-exp/entropy."""
+    z = as_float(logits)
+    if scale != 1.0:
+        z = z / scale
+    log_p = z - lse.unsqueeze(-1)
+    p = torch.exp(log_p)
+    g = torch.zeros_like(z)
+    if grad_logp is not None:
+        # d logp / dz = onehot(token) - p
+        g_lp = grad_logp.unsqueeze(-1)
+        g = (g - p * g_lp).scatter_add(-1, tokens.unsqueeze(-1), g_lp)
+    if grad_ent is not None:
+        # dH / dz_j = -p_j (log p_j + H); 0 where p_j == 0
+        g = g - torch.where(p > 0, p * (log_p + ent.unsqueeze(-1)), 0.0) * grad_ent.unsqueeze(-1)
+    if scale != 1.0:
+        g = g / scale
+    return g.to(logits.dtype)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled(which: str):
+    """The chunk functions through torch.compile (one fused kernel or two per chunk instead of
+    a dozen passes), made on first use; shapes are dynamic (the last chunk is shorter)."""
+    if which not in _COMPILED:
+        _COMPILED[which] = torch.compile(_chunk_stats if which == "stats" else _chunk_grad, dynamic=True)
+    return _COMPILED[which]
 
 
 class _ChunkedLogProbsEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, tokens, scale, with_entropy, entropy_grad, chunk):
+    def forward(ctx, logits, tokens, scale, with_entropy, entropy_grad, chunk, compiled):
+        chunk_stats = _compiled("stats") if compiled else _chunk_stats
         out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         n = logits.shape[0]
         logp = torch.empty(n, dtype=out_dtype, device=logits.device)
@@ -124,11 +158,11 @@ class _ChunkedLogProbsEntropy(torch.autograd.Function):
         lse = torch.empty(n, dtype=out_dtype, device=logits.device)
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
-            _, lse[rows], logp[rows], chunk_ent = _chunk_stats(logits[rows], tokens[rows], scale, with_entropy)
+            lse[rows], logp[rows], chunk_ent = chunk_stats(logits[rows], tokens[rows], scale, with_entropy)
             if with_entropy:
                 ent[rows] = chunk_ent
         ctx.save_for_backward(logits, tokens, lse, ent)
-        ctx.scale, ctx.chunk, ctx.entropy_grad = scale, chunk, with_entropy and entropy_grad
+        ctx.scale, ctx.chunk, ctx.entropy_grad, ctx.compiled = scale, chunk, with_entropy and entropy_grad, compiled
         ctx.set_materialize_grads(False)
         if not ctx.entropy_grad:
             ctx.mark_non_differentiable(ent)
@@ -139,26 +173,19 @@ class _ChunkedLogProbsEntropy(torch.autograd.Function):
         logits, tokens, lse, ent = ctx.saved_tensors
         if not ctx.entropy_grad:
             grad_ent = None
-        grad = torch.zeros_like(logits)
         if grad_logp is None and grad_ent is None:
-            return grad, None, None, None, None, None
+            return torch.zeros_like(logits), None, None, None, None, None, None
+        grad = torch.empty_like(logits)
+        chunk_grad = _compiled("grad") if ctx.compiled else _chunk_grad
         for start in range(0, logits.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            z = as_float(logits[rows])
-            if ctx.scale != 1.0:
-                z = z / ctx.scale
-            log_p = z - lse[rows].unsqueeze(-1)
-            p = torch.exp(log_p)
-            g = torch.zeros_like(z)
-            if grad_logp is not None:
-                # d logp / dz = onehot(token) - p
-                g_lp = grad_logp[rows].unsqueeze(-1)
-                g.sub_(p * g_lp).scatter_add_(-1, tokens[rows].unsqueeze(-1), g_lp)
-            if grad_ent is not None:
-                # dH / dz_j = -p_j (log p_j + H); 0 where p_j == 0
-                term = torch.where(p > 0, p * (log_p + ent[rows].unsqueeze(-1)), 0.0)
-                g.sub_(term * grad_ent[rows].unsqueeze(-1))
-            if ctx.scale != 1.0:
-                g.div_(ctx.scale)
-            grad[rows] = g.to(grad.dtype)
-        return grad, None, None, None, None, None
+            grad[rows] = chunk_grad(
+                logits[rows],
+                tokens[rows],
+                lse[rows],
+                None if grad_ent is None else ent[rows],
+                None if grad_logp is None else grad_logp[rows],
+                None if grad_ent is None else grad_ent[rows],
+                ctx.scale,
+            )
+        return grad, None, None, None, None, None, None

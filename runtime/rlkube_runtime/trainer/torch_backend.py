@@ -74,7 +74,8 @@ class TorchBackend:
         self.model = _load_causal_lm(
             config.model.hf_checkpoint, config.model.attn_implementation, config.model.trust_remote_code
         ).to(self.device)
-        if self.device.type == "cuda" and compile_enabled():
+        self._compiled = self.device.type == "cuda" and compile_enabled()
+        if self._compiled:
             compile_decoder_layers(self.model)
         self._train_module: torch.nn.Module = ResponseLogits(self.model)
         if self.world_size > 1:
@@ -90,7 +91,7 @@ class TorchBackend:
                 self.device
             )
             self.ref_model.requires_grad_(False).eval()
-            if self.device.type == "cuda" and compile_enabled():
+            if self._compiled:
                 compile_decoder_layers(self.ref_model)
 
         self.optimizer = _make_adamw(self.model, config)
@@ -334,7 +335,12 @@ class TorchBackend:
             logits = module(rows.input_ids, *index)  # [ΣR, V]
         targets = rows.input_ids[index[0], index[1] + 1]
         logp, ent = log_probs_and_entropy(
-            logits, targets, self.config.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+            logits,
+            targets,
+            self.config.temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            compiled=self._compiled,
         )
         split = list(mb.response_lengths)
         return list(logp.split(split)), None if ent is None else list(ent.split(split))

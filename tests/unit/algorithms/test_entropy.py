@@ -101,3 +101,21 @@ def test_chunked_log_probs_keep_bf16_logits_gradients_in_bf16():
     assert logp.dtype == torch.float32 and ent is None
     logp.sum().backward()
     assert logits.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_chunks_on_a_gpu_equal_the_plain_functions_at_a_real_vocabulary():
+    torch.manual_seed(0)
+    logits = (torch.randn(3000, 151936, device="cuda") * 3).to(torch.bfloat16)
+    tokens = torch.randint(0, 151936, (3000,), device="cuda")
+    fused_in = logits.clone().requires_grad_(True)
+    logp, ent = log_probs_and_entropy(fused_in, tokens, 0.8, compiled=True)  # 4 chunks, the last shorter
+    (logp.sum() + ent.sum()).backward()
+    plain_in = logits.clone().requires_grad_(True)
+    plain_logp = log_probs_from_logits(plain_in, tokens, 0.8)
+    plain_ent = entropy_from_logits(plain_in, 0.8)
+    (plain_logp.sum() + plain_ent.sum()).backward()
+    assert (logp - plain_logp).abs().max() < 1e-4
+    assert (ent - plain_ent).abs().max() < 1e-3
+    assert (fused_in.grad.float() - plain_in.grad.float()).abs().max() < 1e-2  # bf16 gradients
