@@ -46,7 +46,7 @@ KERNEL_FAMILIES = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
     ("matmul", re.compile(r"gemm|nvjet|cutlass|sm90|sm100|cublas|matmul|xmma", re.I)),
     ("reduction", re.compile(r"reduce|softmax|logsumexp|norm|sum_kernel|max_kernel", re.I)),
-    ("copy/cast", re.compile(r"copy|cast|memcpy|memset|fill|cat|index", re.I)),
+    ("copy", re.compile(r"copy|memcpy|memset|fill|CatArray|index", re.I)),
     ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|triton", re.I)),
 )
 

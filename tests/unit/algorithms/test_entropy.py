@@ -116,6 +116,7 @@ def test_compiled_chunks_on_a_gpu_equal_the_plain_functions_at_a_real_vocabulary
     plain_logp = log_probs_from_logits(plain_in, tokens, 0.8)
     plain_ent = entropy_from_logits(plain_in, 0.8)
     (plain_logp.sum() + plain_ent.sum()).backward()
-    assert (logp - plain_logp).abs().max() < 1e-4
-    assert (ent - plain_ent).abs().max() < 1e-3
-    assert (fused_in.grad.float() - plain_in.grad.float()).abs().max() < 1e-2  # bf16 gradients
+    torch.testing.assert_close(logp, plain_logp, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ent, plain_ent, rtol=1e-5, atol=1e-3)
+    # Both round float32 gradients to bf16: equal up to one bf16 step where the float32 values differ in the last bits.
+    torch.testing.assert_close(fused_in.grad, plain_in.grad, rtol=2 * 2**-8, atol=1e-6)
