@@ -9,9 +9,11 @@ groups take expert x tensor x pipeline GPUs (Megatron-core's expert tensor size 
 tensor), which must divide them too; sequence parallelism splits along the tensor ranks.
 
 Each rule is written once as a message template with %d placeholders: Python fills it with `%`
-(`backend_violations`, run by `rlkube validate` and the runtime) and the CRD's CEL with
-`.format()` (`BACKEND_RULES`), so the API server and `rlkube validate` refuse the same specs in the
-same words.
+(`backend_violations`, run by `rlkube validate`, the operator and the runtime) and the CRD's CEL
+with `.format()` (`BACKEND_RULES`), so the API server and `rlkube validate` refuse the same specs in
+the same words. One rule has no CEL side: megatronArgs' values are untyped in the CRD, which hides
+the map from CEL ("undefined field"); the API server takes such a spec and the operator, which
+validates with these models, fails it at once with reason InvalidSpec.
 """
 
 from __future__ import annotations
@@ -94,11 +96,6 @@ BACKEND_RULES: tuple[dict[str, str], ...] = (
         "rule": f"!has(self.parallelism) || {_NOT_TORCH} || {_P}.recompute != 'selective'",
         "message": TORCH_SELECTIVE_RECOMPUTE_MESSAGE,
         "fieldPath": ".parallelism.recompute",
-    },
-    {
-        "rule": f"{_NOT_TORCH} || !has(self.model.megatronArgs) || size(self.model.megatronArgs) == 0",
-        "messageExpression": _cel_message(TORCH_MEGATRON_ARGS_MESSAGE, ["size(self.model.megatronArgs)"]),
-        "fieldPath": ".model.megatronArgs",
     },
     _fit_rule(REPLICA_FIT_MESSAGE, ("tensor", "pipeline", "context"), ".parallelism"),
     # With expert 1 the expert group divides a replica, which the rule above checks.
