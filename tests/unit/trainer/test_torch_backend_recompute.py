@@ -74,3 +74,41 @@ def test_the_spec_setting_reaches_the_trainer_config():
     assert TrainerConfig.from_spec(full, hf_checkpoint="x").recompute == "full"
     with pytest.raises(ValueError, match="parallelism.recompute must be one of"):
         TrainerConfig(model=ModelConfig(hf_checkpoint="x"), recompute="some")
+
+
+def _ddp_steps(checkpoint: str, recompute: str) -> dict[str, torch.Tensor]:
+    """Two optimizer steps on 2-sample global batches, then one on a single sample (one rank idle)."""
+    backend = _backend(checkpoint, recompute)
+    batch = random_batch(LENGTHS)
+    old = backend.compute_log_probs(batch).log_probs
+    batch = batch.with_fields(old_log_probs=[lp + 0.3 * torch.sin(torch.arange(lp.numel())) for lp in old])
+    for step in [*batch.global_batches(2), batch.select([1])]:
+        backend.train_step(step)
+    return backend.export_weights()
+
+
+def _ddp_worker(rank: int, init_file: str, checkpoint: str, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        weights = _ddp_steps(checkpoint, "full")
+        if rank == 0:
+            torch.save(weights, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_full_recompute_under_ddp_trains_like_one_process_without_it(tiny_checkpoint, tmp_path):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "ddp.pt"
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(tiny_checkpoint), str(out)), nprocs=2, join=True)
+    two_ranks = torch.load(out, weights_only=True)
+    one_process = _ddp_steps(str(tiny_checkpoint), "none")
+    initial = _backend(tiny_checkpoint, "none").export_weights()
+    for name, weight in one_process.items():
+        assert (two_ranks[name] - weight).abs().max().item() < 1e-5, name
+    assert any(not torch.equal(weight, initial[name]) for name, weight in one_process.items())
