@@ -67,12 +67,14 @@ def _fits(group: str) -> str:
     return f"{group} == 1 || ({_TRAINER_GPUS} >= {group} && ({_TRAINER_GPUS}) % ({group}) == 0)"
 
 
-def _fit_rule(template: str, sizes: tuple[str, str, str], field_path: str, *, unless: str | None = None) -> dict[str, str]:
+def _fit_rule(
+    template: str, sizes: tuple[str, str, str], field_path: str, *, unless: str | None = None
+) -> dict[str, str]:
     """A group of sizes[0] x sizes[1] x sizes[2] GPUs must divide the trainer's (`unless` CEL holds)."""
     group = " * ".join(f"{_P}.{s}" for s in sizes)
     args = [*(f"{_P}.{s}" for s in sizes), group, f"{_T}.nodes", f"{_T}.gpusPerNode", _TRAINER_GPUS]
     return {
-        "rule": " || ".join(c for c in ("!has(self.parallelism)", f"{_NOT_MEGATRON}", unless, _fits(group)) if c),
+        "rule": " || ".join(c for c in ("!has(self.parallelism)", _NOT_MEGATRON, unless, _fits(group)) if c),
         "messageExpression": _cel_message(template, args),
         "fieldPath": field_path,
     }

@@ -16,12 +16,22 @@ from .base import SpecModel
 class ParallelismSpec(SpecModel):
     """Trainer parallelism (Megatron-core; the torch backend needs every size at 1) and micro-batching."""
 
-    tensor: int = Field(default=1, ge=1, description="Tensor-parallel size (megatron backend). tensor x pipeline x context GPUs hold one model replica "
-        "and must divide resources.trainer.nodes x gpusPerNode. Default 1, >= 1.")
+    tensor: int = Field(
+        default=1,
+        ge=1,
+        description="Tensor-parallel size (megatron backend). tensor x pipeline x context GPUs hold one model "
+        "replica and must divide resources.trainer.nodes x gpusPerNode. Default 1, >= 1.",
+    )
     pipeline: int = Field(default=1, ge=1, description="Pipeline-parallel size (megatron backend). Default 1, >= 1.")
-    context: int = Field(default=1, ge=1, description="Context-parallel size for long sequences (megatron backend). Default 1, >= 1.")
-    expert: int = Field(default=1, ge=1, description="Expert-parallel size of MoE models (megatron backend); expert x tensor x pipeline must divide the "
-        "trainer GPUs. Default 1, >= 1.")
+    context: int = Field(
+        default=1, ge=1, description="Context-parallel size for long sequences (megatron backend). Default 1, >= 1."
+    )
+    expert: int = Field(
+        default=1,
+        ge=1,
+        description="Expert-parallel size of MoE models (megatron backend); expert x tensor x pipeline must divide "
+        "the trainer GPUs. Default 1, >= 1.",
+    )
     sequence_parallel: bool = Field(
         default=False, description="Megatron sequence parallelism (megatron backend, with tensor > 1). Default false."
     )
