@@ -11,7 +11,9 @@ attempt n fails, fault tolerance is on and n < backoffLimit, the job is Restarti
 time is stamped on the failed RayJob (annotation FAILED_AT_ANNOTATION, so a restarted operator
 waits out the same backoff), and after backoffSeconds x 2^n (capped) the failed RayJob is deleted,
 `<rljob>-(n+1)` is created and restarts.job becomes n+1. The runtime resumes from the latest
-complete checkpoint by itself.
+complete checkpoint by itself. An attempt whose runtime refused the spec at start (it writes
+status.invalidSpec with its attempt number, then exits) is not restarted: the job is Failed with
+reason InvalidSpec, as a spec the operator itself refuses is, since every attempt would be refused.
 
 Kueue (spec.queueName). Each RayJob is created suspended with Kueue's queue-name label, and from
 then on its suspend flag is Kueue's: Kueue unsuspends it to admit it and suspends it again to
@@ -48,7 +50,11 @@ from .status import (
     merge_conditions,
     now_rfc3339,
     observe_rayjob,
+    spec_refused_by_runtime,
 )
+
+# The reason of a job failed for its spec, by the operator's validation or the runtime's.
+INVALID_SPEC = "InvalidSpec"
 
 # Stamped on a failed RayJob when the operator first sees the failure (RFC 3339).
 FAILED_AT_ANNOTATION = "rlkube.io/failed-at"
@@ -330,6 +336,14 @@ def _attempt_failed(
 ) -> Plan:
     ft = job.spec.fault_tolerance
     name = current["metadata"]["name"]
+    refused = spec_refused_by_runtime(obs.rljob.get("status") or {}, n)
+    if refused is not None:
+        message = (
+            f"the runtime of attempt {n} (RayJob {name}) refused the spec: {refused}. Another attempt would be "
+            "refused too: fix the spec and create the RLJob again"
+        )
+        plan.permanent_error = message
+        return _finish_status(obs, job, plan, RLJobPhase.FAILED, INVALID_SPEC, message, n, current, attempt)
     if attempt.permanent:
         return _finish_status(obs, job, plan, RLJobPhase.FAILED, attempt.reason, attempt.message, n, current, attempt)
     if not ft.enabled:
@@ -417,7 +431,7 @@ def _fail_permanently(obs: Observed, plan: Plan, error: tuple[str, str]) -> Plan
     phase = RLJobPhase.FAILED
     conditions = merge_conditions(
         status.get("conditions") or [],
-        desired_conditions(phase, "InvalidSpec", message),
+        desired_conditions(phase, INVALID_SPEC, message),
         now=obs.now,
         generation=obs.rljob["metadata"].get("generation"),
     )

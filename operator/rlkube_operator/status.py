@@ -161,6 +161,15 @@ def pod_failures(pods: list[dict[str, Any]]) -> str:
     return "; ".join(out)
 
 
+def spec_refused_by_runtime(status: dict[str, Any], attempt: int) -> str | None:
+    """Why the runtime of `attempt` refused the spec at its start (status.invalidSpec, which the
+    runtime writes before it exits), or None. A refusal recorded for another attempt is stale."""
+    refusal = status.get("invalidSpec") or {}
+    if refusal.get("attempt") == attempt and refusal.get("message"):
+        return str(refusal["message"])
+    return None
+
+
 # --- conditions --------------------------------------------------------------------------------
 
 

@@ -42,6 +42,12 @@ class RunError(Exception):
     """A problem found before training starts; the message names the field or the file."""
 
 
+class InvalidSpec(RunError):
+    """The spec asks for something this runtime refuses (the message names the field): another
+    attempt would be refused the same way, so on a cluster it is reported for the operator to
+    fail the job instead of restarting it. A missing data file stays a plain RunError."""
+
+
 @dataclass(frozen=True)
 class RunPlan:
     job: RLJob
@@ -62,6 +68,8 @@ def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = Tr
         plan = prepare_run(path, output_dir=output_dir)
     except (SpecError, RunError) as err:
         print(f"rlkube run: {err}", file=sys.stderr)
+        if isinstance(err, (SpecError, InvalidSpec)):
+            _report_invalid_spec(err)
         return 2
     try:
         run_job(plan, resume=resume)
@@ -84,11 +92,26 @@ def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = Tr
     return 0
 
 
+def _report_invalid_spec(err: SpecError | InvalidSpec) -> None:
+    """On a cluster, write the refusal to the RLJob's status (status.invalidSpec) so the operator
+    fails the job with reason InvalidSpec rather than restarting it; best effort, like all reports."""
+    from rlkube_runtime.status_report import RLJobStatusReporter
+
+    reporter = RLJobStatusReporter.from_env()
+    if reporter is None:
+        return
+    if isinstance(err, SpecError):
+        message = "; ".join(f"{field}: {text}" if field else text for field, text in err.errors)
+    else:
+        message = str(err)
+    reporter.report_invalid_spec(message)
+
+
 def prepare_run(path: str, *, output_dir: str | None = None) -> RunPlan:
     """Everything that can fail because of the spec or the data, checked before Ray starts."""
     jobs = load_rljobs(path)
     if len(jobs) != 1:
-        raise RunError(f"{path}: `rlkube run` takes one RLJob per file, found {len(jobs)}")
+        raise InvalidSpec(f"{path}: `rlkube run` takes one RLJob per file, found {len(jobs)}")
     job = jobs[0]
     spec = job.spec
     from rlkube_runtime.train_worker import check_trainer_supports
@@ -96,7 +119,7 @@ def prepare_run(path: str, *, output_dir: str | None = None) -> RunPlan:
     try:
         check_trainer_supports(spec)
     except ValueError as err:
-        raise RunError(str(err)) from None
+        raise InvalidSpec(str(err)) from None
     out = Path(output_dir or spec.model.save or Path("runs") / job.metadata.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     model_path = _initial_model(job, out)
@@ -123,11 +146,11 @@ def _initial_model(job: RLJob, out: Path) -> str:
             build_tiny_checkpoint(target, alphabet=alphabet, seed=job.spec.training.seed)
         return str(target)
     if model.preset:
-        raise RunError(
+        raise InvalidSpec(
             f"spec.model.preset: {model.preset!r} has no built-in weights; known presets: ['tiny']. "
             "For a named architecture give spec.model.hfCheckpoint too"
         )
-    raise RunError("spec.model: set hfCheckpoint (or preset: tiny); `load` alone has no architecture to start from")
+    raise InvalidSpec("spec.model: set hfCheckpoint (or preset: tiny); `load` alone has no architecture to start from")
 
 
 def _check_data(job: RLJob, model_path: str) -> None:

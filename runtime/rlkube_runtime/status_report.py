@@ -3,8 +3,10 @@ to the RLJob's status subresource while the job runs on Kubernetes.
 
 The operator renders each attempt's pods with RLKUBE_RLJOB_NAME and RLKUBE_RLJOB_NAMESPACE, and a
 ServiceAccount whose Role allows get/patch on `rljobs/status` of that one RLJob and nothing else.
-The operator owns phase and conditions; the runtime writes only `progress`, `lastCheckpoint` and
-`metrics`, as a JSON merge patch, so neither side overwrites the other's fields.
+The operator owns phase and conditions; the runtime writes only `progress`, `lastCheckpoint`,
+`metrics`, `restarts.engine` and, when it refuses the spec at start, `invalidSpec` (the message and
+the attempt, read from RLKUBE_ATTEMPT), as a JSON merge patch, so neither side overwrites the
+other's fields. The operator fails a job whose current attempt reported `invalidSpec` for good.
 
 Reporting is best effort: a failed patch is logged and training goes on.
 
@@ -24,7 +26,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .spec.base import API_GROUP, API_VERSION_NAME, PLURAL
-from .spec.contract import ENV_RLJOB_NAME, ENV_RLJOB_NAMESPACE
+from .spec.contract import ENV_ATTEMPT, ENV_RLJOB_NAME, ENV_RLJOB_NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +38,10 @@ METRIC_KEYS = ("rewardMean", "kl", "stepSeconds")
 
 
 class RLJobStatusReporter:
-    def __init__(self, name: str, namespace: str, api_client: Any):
+    def __init__(self, name: str, namespace: str, api_client: Any, attempt: int | None = None):
         self.name = name
         self.namespace = namespace
+        self.attempt = attempt  # which attempt this runtime is (RLKUBE_ATTEMPT); None when unknown
         from kubernetes import client
 
         self._api = client.CustomObjectsApi(api_client)
@@ -71,7 +74,7 @@ class RLJobStatusReporter:
         except Exception as exc:  # noqa: BLE001 - no credentials is a reason to skip, not to stop
             log.warning("no Kubernetes credentials (%s); RLJob %s/%s status will not be reported", exc, namespace, name)
             return None
-        return cls(name, namespace, client.ApiClient(configuration))
+        return cls(name, namespace, client.ApiClient(configuration), attempt=_attempt(env))
 
     def report(
         self,
@@ -90,6 +93,11 @@ class RLJobStatusReporter:
         engine_restarts: the job's total (`engine_restarts_so_far()` at start, plus this attempt's).
         """
         return self.patch(build_status_patch(rollout, num_rollout, last_checkpoint, metrics, engine_restarts))
+
+    def report_invalid_spec(self, message: str) -> bool:
+        """Tell the operator this attempt refused the spec (`message` names the field): it fails
+        the job with reason InvalidSpec rather than restarting into the same refusal."""
+        return self.patch(build_invalid_spec_patch(message, self.attempt))
 
     def engine_restarts_so_far(self) -> int:
         """status.restarts.engine as earlier attempts left it (0 when unset or unreadable): each
@@ -149,6 +157,21 @@ def build_status_patch(
         if values:
             status["metrics"] = values
     return status
+
+
+def build_invalid_spec_patch(message: str, attempt: int | None) -> dict[str, Any]:
+    """The `invalidSpec` status the runtime writes when it refuses the spec at an attempt's start."""
+    refusal: dict[str, Any] = {"message": str(message)}
+    if attempt is not None:
+        refusal["attempt"] = int(attempt)
+    return {"invalidSpec": refusal}
+
+
+def _attempt(env: Mapping[str, str]) -> int | None:
+    try:
+        return int(env.get(ENV_ATTEMPT, ""))
+    except ValueError:
+        return None
 
 
 def _camel(key: str) -> str:

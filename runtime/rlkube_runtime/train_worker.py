@@ -16,27 +16,22 @@ import torch
 from rlkube_runtime.algorithms import compute_advantages, compute_approx_kl
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.spec import RLJobSpec
+from rlkube_runtime.spec.algorithm import CRITIC_ESTIMATORS, NO_CRITIC_MESSAGE
 from rlkube_runtime.trainer.batch import TrainBatch
 from rlkube_runtime.trainer.config import TrainerConfig
 from rlkube_runtime.trainer.rng import capture_rng_state, restore_rng_state
 from rlkube_runtime.trainer.torch_backend import TorchBackend
 
-# The torch backend has no critic, so PPO's value-based advantages are not available with it.
-SUPPORTED_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-
 
 def check_trainer_supports(spec: RLJobSpec) -> None:
-    """Fail at start, naming the field, for settings this trainer cannot honour."""
+    """Fail at start, naming the field, for settings this trainer cannot honour. The spec's own
+    validation refuses the critic estimators already; this is the second guard, in its words."""
     if spec.training.backend != "torch":
         raise ValueError(
             f"spec.training.backend: {spec.training.backend!r} is not available in this runtime; use 'torch'"
         )
-    estimator = spec.algorithm.advantage_estimator
-    if estimator not in SUPPORTED_ESTIMATORS:
-        raise ValueError(
-            f"spec.algorithm.advantageEstimator: {estimator!r} needs a critic model, which the torch "
-            f"trainer backend does not have; use one of {list(SUPPORTED_ESTIMATORS)}"
-        )
+    if spec.algorithm.advantage_estimator in CRITIC_ESTIMATORS:
+        raise ValueError(f"spec.algorithm.advantageEstimator: {NO_CRITIC_MESSAGE}")
 
 
 class TrainerWorker:

@@ -15,6 +15,9 @@ terminal Ray job (KubeRay's 30 s grace period), garbage collection — is the re
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -248,6 +251,31 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
 
 
 @pytest.mark.parametrize(
+    ("name", "spec", "field", "message"),
+    [
+        ("torch-tp", {"parallelism": {"tensor": 2}}, "spec.parallelism.tensor",
+         "tensor(2) > 1 splits the model over GPUs, which the torch backend cannot do"),
+        ("megatron-misfit", {"training": {"backend": "megatron"}, "parallelism": {"tensor": 4}}, "spec.parallelism",
+         "tensor(4) x pipeline(1) x context(1) = 4 GPUs per model replica must divide the trainer GPUs, "
+         "resources.trainer.nodes(1) x gpusPerNode(2) = 2"),
+        ("fp8", {"model": {"rolloutDtype": "fp8"}}, "spec.model.rolloutDtype", "fp8 is not implemented"),
+        ("buffer", {"training": {"asyncBufferSize": 2}}, "spec.training.asyncBufferSize",
+         "asyncBufferSize(2): only 1 is implemented"),
+        ("ppo", {"algorithm": {"advantageEstimator": "ppo"}}, "spec.algorithm.advantageEstimator",
+         "ppo needs a critic (value) model"),
+    ],
+    ids=["torch-tensor-parallel", "megatron-replica-too-big", "fp8-rollouts", "async-buffer-2", "ppo"],
+)
+def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_path, name, spec, field, message):
+    """The CRD's CEL rules for spec/backend_rules.py and the unimplemented fields, in the real API
+    server: refused at `kubectl apply`, naming the field, with the numbers."""
+    proc = apply_file(crd_installed, tmp_path / "bad.yaml", rljob_yaml(name, **spec), ns)
+    assert proc.returncode != 0
+    assert field in proc.stderr and message in proc.stderr, proc.stderr
+    assert get_or_none(crd_installed, ns, "rljob", name) is None
+
+
+@pytest.mark.parametrize(
     ("name", "spec", "field"),
     [
         # Valid to the CRD's schema, but no pod can be made of it: the operator refuses it.
@@ -265,8 +293,11 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
         ("own-label", {"resources": {"placement": "colocated", "trainer": {"nodes": 1, "gpusPerNode": 2},
                                      "podLabels": {"rlkube.io/role": "mine"}}},
          "spec.resources.podLabels"),
+        # megatronArgs' values are untyped, which hides the map from CEL; the spec model refuses it.
+        ("torch-megatron-args", {"model": {"megatronArgs": {"num-layers": 2}}}, "spec.model.megatronArgs"),
     ],
-    ids=["gpu-resource-set-by-hand", "reserved-volume-name", "shm-mounted-twice", "reserved-pod-label"],
+    ids=["gpu-resource-set-by-hand", "reserved-volume-name", "shm-mounted-twice", "reserved-pod-label",
+         "megatron-args-with-torch"],
 )
 def test_a_spec_that_cannot_become_pods_fails_at_once_naming_the_field(operator, ns, tmp_path, name, spec, field):
     """The API server takes it; the operator fails it before anything is created (phase Failed,
@@ -441,6 +472,47 @@ def test_a_failed_attempt_is_restarted_then_the_backoff_limit_fails_the_job(oper
     assert "backoffLimit(1) restarts used up" in rljob["status"]["message"]
     assert get_or_none(cp, ns, "rayjob", "crash-2") is None
     assert ("Warning", "Failed") in events_of(cp, ns, "crash")
+
+
+def test_a_spec_the_runtime_refuses_at_start_fails_the_job_without_a_restart(operator, ns, tmp_path):
+    """The API server and the operator take the spec; the runtime refuses it at start. The real
+    `rlkube run`, with the head pod's environment and the job's runtime service account, writes
+    status.invalidSpec and exits 2; once the attempt fails the job is Failed (InvalidSpec) and no
+    restart is made, although faultTolerance allows one."""
+    cp = operator.cp
+    # A named architecture without hfCheckpoint: valid, but `rlkube run` has no weights to start from.
+    spec = rljob_yaml("refused", model={"preset": "qwen3-4b"})
+    assert apply_file(cp, tmp_path / "refused.yaml", spec, ns).returncode == 0
+    cluster_running(cp, ns, "refused", 0, groups=1)
+    rayjob = wait_rayjob(cp, ns, "refused-0", lambda rj: deployment_status(rj) == "Running", "deployment Running")
+    cp.wait_for(lambda: get_or_none(cp, ns, "rolebinding", "refused-runtime"), 30, "RoleBinding refused-runtime")
+
+    # The head pod's view: the spec file from the ConfigMap, the environment the operator rendered.
+    spec_file = tmp_path / "rljob.yaml"
+    spec_file.write_text(get_or_none(cp, ns, "configmap", "refused-spec")["data"]["rljob.yaml"])
+    [head] = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    env = {**os.environ, **{e["name"]: e["value"] for e in head["env"] if "value" in e}}
+    env["KUBECONFIG"] = str(token_kubeconfig(cp, ns, "refused-runtime", tmp_path / "sa.kubeconfig"))
+    run = subprocess.run([sys.executable, "-m", "rlkube_runtime.cli", "run", str(spec_file), "--output-dir",
+                          str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    refusal = get_or_none(cp, ns, "rljob", "refused")["status"]["invalidSpec"]
+    assert refusal["attempt"] == 0
+    assert refusal["message"].startswith("spec.model.preset: 'qwen3-4b' has no built-in weights")
+
+    # Stand-in for Ray's job server: the driver exited 2.
+    stand_in_ray_job_status(cp, ns, "refused-0", "FAILED", "Failed", reason="AppFailed",
+                            message="Job entrypoint command failed with exit code 2")
+    rljob = wait_phase(cp, ns, "refused", "Failed", timeout=60)
+    failed = {c["type"]: c for c in rljob["status"]["conditions"]}["Failed"]
+    assert failed["reason"] == "InvalidSpec"
+    assert f"the runtime of attempt 0 (RayJob refused-0) refused the spec: {refusal['message']}" in failed["message"]
+    time.sleep(4)  # two resyncs: a restart (backoffSeconds 1) would exist by now
+    assert get_or_none(cp, ns, "rayjob", "refused-1") is None
+    status = get_or_none(cp, ns, "rljob", "refused")["status"]
+    assert (status["phase"], status["restarts"]["job"]) == ("Failed", 0)
+    assert ("Warning", "Failed") in events_of(cp, ns, "refused")
+    assert ("Warning", "Restarting") not in events_of(cp, ns, "refused")
 
 
 def test_deleting_the_rljob_deletes_everything_it_made(operator, ns, tmp_path):

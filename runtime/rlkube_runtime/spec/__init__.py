@@ -26,6 +26,7 @@ from .status import (
     Restarts,
     RLJobPhase,
     RLJobStatus,
+    SpecRefusal,
     format_progress,
 )
 from .training import OptimizerSpec, TrainingSpec
@@ -67,6 +68,7 @@ __all__ = [
     "RolloutResources",
     "RolloutSpec",
     "SpecError",
+    "SpecRefusal",
     "SpecModel",
     "TisSpec",
     "TrainerResources",

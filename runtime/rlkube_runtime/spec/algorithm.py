@@ -16,6 +16,12 @@ _KL_COEF_MESSAGE = (
     "(a KL term in the loss) instead"
 )
 KlLossType = Literal["k1", "k2", "k3", "low_var_kl"]
+# Estimators whose advantages come from a learned value model; no trainer backend has a critic.
+CRITIC_ESTIMATORS = ("ppo",)
+NO_CRITIC_MESSAGE = (
+    "ppo needs a critic (value) model, which rlkube's trainer backends do not have; use grpo, gspo, "
+    "reinforce_plus_plus or reinforce_plus_plus_baseline"
+)
 
 
 class TisSpec(SpecModel):
@@ -59,12 +65,18 @@ class AlgorithmSpec(SpecModel):
             + "'.format([has(self.advantageEstimator) ? self.advantageEstimator : 'grpo'])",
             "fieldPath": ".klCoef",
         },
+        {
+            "rule": "!has(self.advantageEstimator) || !(self.advantageEstimator in " + str(list(CRITIC_ESTIMATORS)) + ")",
+            "message": NO_CRITIC_MESSAGE,
+            "fieldPath": ".advantageEstimator",
+        },
     )
 
     advantage_estimator: AdvantageEstimator = Field(
         default="grpo",
         description="Advantage estimator: grpo, gspo (sequence-level ratio), reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, ppo (needs a critic). Default grpo.",
+        "reinforce_plus_plus_baseline. ppo needs a critic model, which no trainer backend has yet: it is refused. "
+        "Default grpo.",
     )
     grpo_std_normalization: bool = Field(
         default=True, description="Divide group-relative advantages by the group's reward std (GRPO, GSPO). Default true."
@@ -117,6 +129,8 @@ class AlgorithmSpec(SpecModel):
             violations.append(("epsClipHigh", f"epsClipHigh({self.eps_clip_high}) must be >= epsClip({self.eps_clip})"))
         if self.kl_coef != 0 and self.advantage_estimator not in KL_REWARD_ESTIMATORS:
             violations.append(("klCoef", _KL_COEF_MESSAGE.format(", ".join(KL_REWARD_ESTIMATORS), self.advantage_estimator)))
+        if self.advantage_estimator in CRITIC_ESTIMATORS:
+            violations.append(("advantageEstimator", NO_CRITIC_MESSAGE))
         if violations:
             raise cross_field_error(violations)
         return self

@@ -24,6 +24,7 @@ ROUTER_RESOURCE = "rlkube_router"
 ENV_RLJOB_NAME = "RLKUBE_RLJOB_NAME"  # which RLJob the runtime reports status to
 ENV_RLJOB_NAMESPACE = "RLKUBE_RLJOB_NAMESPACE"
 ENV_METRICS_PORT = "RLKUBE_METRICS_PORT"  # where the driver serves its Prometheus series
+ENV_ATTEMPT = "RLKUBE_ATTEMPT"  # the attempt (restarts.job) the pods belong to
 
 # The head pod serves the training metrics on this port, named for the chart's PodMonitor.
 METRICS_PORT = 9464
@@ -39,7 +40,9 @@ MAX_NAME_LENGTH = NAME_MAX_LENGTH
 
 # Status fields the runtime writes (through its narrow Role); the operator owns all the others
 # and never writes these (restarts is shared: the runtime writes `engine`, the operator `job`).
-RUNTIME_STATUS_FIELDS = ("progress", "lastCheckpoint", "metrics", "restarts.engine")
+# `invalidSpec` is the runtime's refusal of the spec at an attempt's start: the operator fails the
+# job for good (reason InvalidSpec) instead of retrying a spec that will be refused again.
+RUNTIME_STATUS_FIELDS = ("progress", "lastCheckpoint", "metrics", "restarts.engine", "invalidSpec")
 
 
 def fixed_fields() -> tuple[str, ...]:

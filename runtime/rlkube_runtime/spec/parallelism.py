@@ -1,4 +1,8 @@
-"""`spec.parallelism`: how the trainer splits the model and packs micro-batches."""
+"""`spec.parallelism`: how the trainer splits the model and packs micro-batches.
+
+The model-splitting sizes are the megatron backend's; the torch backend refuses them
+(`backend_rules.py` holds both backends' rules).
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,26 @@ from .base import SpecModel
 
 
 class ParallelismSpec(SpecModel):
-    """Trainer parallelism (Megatron-core) and micro-batching."""
+    """Trainer parallelism (Megatron-core; the torch backend needs every size at 1) and micro-batching."""
 
-    tensor: int = Field(default=1, ge=1, description="Tensor-parallel size. Default 1, >= 1.")
-    pipeline: int = Field(default=1, ge=1, description="Pipeline-parallel size. Default 1, >= 1.")
-    context: int = Field(default=1, ge=1, description="Context-parallel size (long sequences). Default 1, >= 1.")
-    expert: int = Field(default=1, ge=1, description="Expert-parallel size (MoE models). Default 1, >= 1.")
+    tensor: int = Field(
+        default=1,
+        ge=1,
+        description="Tensor-parallel size (megatron backend). tensor x pipeline x context GPUs hold one model "
+        "replica and must divide resources.trainer.nodes x gpusPerNode. Default 1, >= 1.",
+    )
+    pipeline: int = Field(default=1, ge=1, description="Pipeline-parallel size (megatron backend). Default 1, >= 1.")
+    context: int = Field(
+        default=1, ge=1, description="Context-parallel size for long sequences (megatron backend). Default 1, >= 1."
+    )
+    expert: int = Field(
+        default=1,
+        ge=1,
+        description="Expert-parallel size of MoE models (megatron backend); expert x tensor x pipeline must divide "
+        "the trainer GPUs. Default 1, >= 1.",
+    )
     sequence_parallel: bool = Field(
-        default=False, description="Megatron sequence parallelism (with tensor > 1). Default false."
+        default=False, description="Megatron sequence parallelism (megatron backend, with tensor > 1). Default false."
     )
     dynamic_batch_size: bool = Field(
         default=True,
@@ -35,5 +51,6 @@ class ParallelismSpec(SpecModel):
     )
     recompute: Literal["none", "full", "selective"] = Field(
         default="none",
-        description="Activation recomputation: none, full (every layer), selective (attention only). Default none.",
+        description="Activation recomputation: none, full (every layer; the torch backend uses transformers' activation "
+        "checkpointing), selective (attention only; megatron backend). Default none.",
     )

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from .algorithm import AlgorithmSpec
+from .backend_rules import BACKEND_RULES, backend_violations
 from .base import API_VERSION, KIND, SpecModel, cel_rules, cross_field_error, immutable, immutable_field, section
 from .checkpoint import CheckpointSpec
 from .data import DataSpec
@@ -72,7 +73,7 @@ class RLJobSpec(SpecModel):
     on in training.numStepsPerRollout optimizer steps of training.globalBatchSize samples each.
     """
 
-    model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE)
+    model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE, *BACKEND_RULES)
 
     model: ModelSpec = Field(
         description="Policy model: starting weights, checkpoint directories, precision. Required; fixed after creation.",
@@ -140,6 +141,7 @@ class RLJobSpec(SpecModel):
                 f"resources.rollout.gpus({gpus}) must be a positive multiple of rollout.gpusPerEngine({per_engine}) "
                 "with separate placement: the rollout GPUs are split into whole engines",
             ))
+        violations += backend_violations(self)
         if violations:
             raise cross_field_error(violations)
         return self

@@ -80,6 +80,15 @@ class LastMetrics(StatusModel):
     step_seconds: Optional[float] = Field(default=None, description="Seconds of the latest rollout step end to end.")
 
 
+class SpecRefusal(StatusModel):
+    """The runtime's refusal of the spec at the start of an attempt (written by the runtime)."""
+
+    attempt: Optional[int] = Field(default=None, description="The attempt (restarts.job) whose runtime refused the spec.")
+    message: Optional[str] = Field(
+        default=None, description="Why, naming the spec field, e.g. 'spec.training.backend: ...'."
+    )
+
+
 class RLJobStatus(StatusModel):
     """Observed state of an RLJob."""
 
@@ -106,6 +115,11 @@ class RLJobStatus(StatusModel):
     ray_cluster_name: Optional[str] = Field(default=None, description="Name of the current attempt's RayCluster.")
     dashboard_url: Optional[str] = Field(default=None, description="Ray dashboard URL of the current attempt.")
     message: Optional[str] = Field(default=None, description="Human-readable summary of the current phase, e.g. the cause of a failure.")
+    invalid_spec: Optional[SpecRefusal] = Field(
+        default=None,
+        description="Set by the runtime when it refuses the spec at an attempt's start (a setting it cannot honour); "
+        "the operator then fails the job with reason InvalidSpec instead of starting another attempt.",
+    )
 
 
 def format_progress(rollout: int, num_rollout: int) -> str:

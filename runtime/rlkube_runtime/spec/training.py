@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from .base import SpecModel, cel_rules, immutable_field, section
+from .base import SpecModel, cel_rules, cross_field_error, immutable_field, section
+
+# driver._Rollouts keeps one rollout in flight: k+1 generates while k trains.
+ASYNC_BUFFER_MESSAGE = (
+    "asyncBufferSize(%d): only 1 is implemented (async mode generates one rollout ahead: rollout k+1 while "
+    "rollout k trains); set 1"
+)
 
 
 class OptimizerSpec(SpecModel):
@@ -40,7 +46,12 @@ class TrainingSpec(SpecModel):
             "message": "spec.training.globalBatchSize cannot be added or removed while the RLJob exists; "
             "create a new RLJob to change it",
             "fieldPath": ".globalBatchSize",
-        }
+        },
+        {
+            "rule": "!has(self.asyncBufferSize) || self.asyncBufferSize == 1",
+            "messageExpression": f"'{ASYNC_BUFFER_MESSAGE}'.format([self.asyncBufferSize])",
+            "fieldPath": ".asyncBufferSize",
+        },
     )
 
     num_rollout: int = Field(ge=1, description="Rollouts to run (generate -> train -> sync weights). Required, >= 1.")
@@ -72,7 +83,10 @@ class TrainingSpec(SpecModel):
         "(needs separate placement). Default sync; fixed after creation.",
     )
     async_buffer_size: int = Field(
-        default=1, ge=1, description="Rollouts async mode may generate ahead of training. Default 1, >= 1."
+        default=1,
+        ge=1,
+        description="Rollouts async mode generates ahead of training. Only 1 is implemented (rollout k+1 generates "
+        "while rollout k trains); other values are refused. Default 1.",
     )
     update_weights_interval: int = Field(
         default=1, ge=1, description="Rollouts between weight syncs to the engines. Default 1, >= 1."
@@ -94,3 +108,9 @@ class TrainingSpec(SpecModel):
     )
     optimizer: OptimizerSpec = section(OptimizerSpec, "Optimizer and learning-rate schedule. Default: Adam, lr 1e-6, constant.")
     seed: int = Field(default=1234, description="Seed of model initialisation, dropout and sampling on the trainer. Default 1234.")
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "TrainingSpec":
+        if self.async_buffer_size != 1:
+            raise cross_field_error([("asyncBufferSize", ASYNC_BUFFER_MESSAGE % self.async_buffer_size)])
+        return self

@@ -17,6 +17,7 @@ LR_DECAY_STYLES = ("constant", "linear", "cosine")
 OPTIMIZER_TYPES = ("adam", "adamw")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+RECOMPUTE_MODES = ("none", "full", "selective")
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """Everything a trainer backend needs: model, optimizer, batching, loss, sampling temperature."""
+    """Everything a trainer backend needs: model, optimizer, batching, loss, sampling temperature,
+    activation recomputation (`recompute`: none, full, selective; a backend refuses what it lacks)."""
 
     model: ModelConfig
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -246,8 +248,11 @@ class TrainerConfig:
     # sampled from, so the PPO ratio and TIS compare like with like (0: the logits as they are).
     temperature: float = 1.0
     seed: int = 1234
+    recompute: str = "none"
 
     def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"parallelism.recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"rollout.temperature must be >= 0 (0 means greedy: logits as they are), got {self.temperature!r}")
 
@@ -261,6 +266,7 @@ class TrainerConfig:
             loss=LossConfig.from_spec(spec),
             temperature=_get(spec.rollout, "temperature", 1.0),
             seed=_get(spec.training, "seed", 1234),
+            recompute=_get(getattr(spec, "parallelism", None), "recompute", "none"),
         )
 
 

@@ -12,6 +12,11 @@ so each rank back-propagates world_size × its loss: the average of those is the
 
 Precision: parameters, gradients and optimizer state are float32 (master weights); on GPU the
 forward runs under autocast in `model.dtype` (bf16 by default); on CPU everything is float32.
+
+Recompute (spec.parallelism.recompute): full checkpoints every decoder layer (transformers'
+activation checkpointing): a training forward keeps only each layer's input and the backward
+runs the layer again, trading one more forward for the activations. Selective recompute
+(attention only) is Megatron's and is refused here.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from .batch import TrainBatch
 from .config import TrainerConfig
 from .lr_schedule import LRSchedule
 from ..memory import PinnedOffload
+from ..spec.backend_rules import TORCH_SELECTIVE_RECOMPUTE_MESSAGE
 from .packing import pad_rows, partition_for_ranks, plan_micro_batches
 from .rng import capture_rng_state, restore_rng_state
 
@@ -61,6 +67,8 @@ class TorchBackend:
     """
 
     def __init__(self, config: TrainerConfig, *, device: torch.device | str | None = None) -> None:
+        if config.recompute == "selective":
+            raise ValueError(f"spec.parallelism.recompute: {TORCH_SELECTIVE_RECOMPUTE_MESSAGE}")
         self.config = config
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
@@ -74,6 +82,8 @@ class TorchBackend:
         self.model = _load_causal_lm(
             config.model.hf_checkpoint, config.model.attn_implementation, config.model.trust_remote_code
         ).to(self.device)
+        if config.recompute == "full":
+            _recompute_every_layer(self.model)
         self._compiled = self.device.type == "cuda" and compile_enabled()
         if self._compiled:
             compile_decoder_layers(self.model)
@@ -449,6 +459,18 @@ def _load_causal_lm(path: str, attn_implementation: str, trust_remote_code: bool
     return AutoModelForCausalLM.from_pretrained(
         path, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code, **{dtype_kw: torch.float32}
     )
+
+
+def _recompute_every_layer(model: torch.nn.Module) -> None:
+    """transformers' activation checkpointing of every decoder layer, non-reentrant: the reentrant
+    form breaks DDP's gradient hooks and drops gradients when a layer's inputs need none. The RNG
+    state is replayed in the recompute, so dropout masks match the first forward."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)  # the name from transformers 5 on
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _no_forward_buffer_sync() -> dict[str, bool]:

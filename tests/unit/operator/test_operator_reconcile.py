@@ -366,6 +366,43 @@ def test_an_invalid_spec_fails_at_once_naming_the_field(settings):
     assert "globalBatchSize(3)" in plan.permanent_error
 
 
+REFUSAL = "spec.model.preset: 'qwen3-4b' has no built-in weights; known presets: ['tiny']"
+
+
+def test_a_spec_the_runtime_refused_fails_the_job_instead_of_restarting(settings):
+    body = make_body({"faultTolerance": {"backoffLimit": 3}},
+                     status={"phase": "Running", "invalidSpec": {"attempt": 0, "message": REFUSAL}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 0, FAILED)]), settings)
+    assert plan.status["phase"] == "Failed"
+    assert _conditions(plan)["Failed"]["reason"] == "InvalidSpec"
+    assert plan.status["message"] == (
+        f"the runtime of attempt 0 (RayJob tiny-0) refused the spec: {REFUSAL}. Another attempt would be refused "
+        "too: fix the spec and create the RLJob again"
+    )
+    assert plan.permanent_error == plan.status["message"]
+    assert plan.create == [] and plan.delete_rayjobs == [] and plan.patch_rayjobs == []
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "Failed")]
+    # Failed is final: the next reconcile starts nothing either.
+    again = reconcile(observed(_apply_status(body, plan), [rayjob_with_status(body, 0, FAILED)]), settings)
+    assert again.create == [] and again.status["phase"] == "Failed" and again.events == []
+
+
+def test_a_refusal_is_acted_on_once_the_attempt_has_failed(settings):
+    body = make_body(status={"phase": "Running", "invalidSpec": {"attempt": 0, "message": REFUSAL}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 0, RUNNING)]), settings)
+    assert plan.status["phase"] == "Running" and plan.permanent_error is None
+
+
+def test_a_refusal_recorded_by_an_earlier_attempt_does_not_stop_a_restart(settings):
+    body = make_body({"faultTolerance": {"backoffSeconds": 10}},
+                     status={"phase": "Running", "restarts": {"job": 1},
+                             "invalidSpec": {"attempt": 0, "message": REFUSAL}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 1, FAILED)]), settings)
+    assert plan.status["phase"] == "Restarting"
+    assert _conditions(plan)["Failed"]["status"] == "False"
+    assert plan.permanent_error is None
+
+
 def test_a_spec_that_cannot_become_pods_fails_naming_the_field(settings):
     # Engines wider than a pod: valid as a spec, but KubeRay pods cannot hold them.
     body = make_body({"resources": {"placement": "separate", "rollout": {"gpus": 32}}, "rollout": {"gpusPerEngine": 16}})

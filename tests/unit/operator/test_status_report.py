@@ -69,3 +69,42 @@ def test_a_failed_patch_is_logged_and_training_goes_on(caplog):
     with caplog.at_level(logging.WARNING):
         assert reporter.report(1, 10) is False
     assert "could not report status of RLJob a/tiny" in caplog.text
+
+
+def test_a_refused_spec_is_reported_with_the_attempt_under_the_runtimes_own_key():
+    from rlkube_runtime.spec.contract import RUNTIME_STATUS_FIELDS
+    from rlkube_runtime.status_report import build_invalid_spec_patch
+
+    patch = build_invalid_spec_patch("spec.model.preset: 'qwen3-4b' has no built-in weights", 2)
+    assert patch == {"invalidSpec": {"message": "spec.model.preset: 'qwen3-4b' has no built-in weights", "attempt": 2}}
+    assert set(patch) <= set(RUNTIME_STATUS_FIELDS)
+    assert build_invalid_spec_patch("x", None) == {"invalidSpec": {"message": "x"}}
+
+
+def test_report_invalid_spec_patches_the_status_as_a_merge_patch():
+    class Api:
+        calls = []
+
+        def patch_namespaced_custom_object_status(self, *args, **kwargs):
+            self.calls.append((args, kwargs))
+
+    reporter = RLJobStatusReporter.__new__(RLJobStatusReporter)
+    reporter.name, reporter.namespace, reporter.attempt, reporter._api = "tiny", "a", 1, Api()
+    assert reporter.report_invalid_spec("spec.training.backend: no") is True
+    [(args, kwargs)] = Api.calls
+    assert args[-2:] == ("tiny", {"status": {"invalidSpec": {"message": "spec.training.backend: no", "attempt": 1}}})
+    assert kwargs["_content_type"] == "application/merge-patch+json"
+
+
+def test_the_reporter_knows_its_attempt_from_the_pod_environment(tmp_path):
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    env = {"RLKUBE_RLJOB_NAME": "tiny", "RLKUBE_RLJOB_NAMESPACE": "a", "RLKUBE_ATTEMPT": "3"}
+    assert RLJobStatusReporter.from_env(env, kubeconfig=str(kubeconfig)).attempt == 3
+    del env["RLKUBE_ATTEMPT"]
+    assert RLJobStatusReporter.from_env(env, kubeconfig=str(kubeconfig)).attempt is None

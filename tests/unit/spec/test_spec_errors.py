@@ -154,6 +154,80 @@ BROKEN = [
         "spec.resources.sharedMemorySize",
         "must be a positive Kubernetes quantity of bytes such as 16Gi or 512Mi, got '0Gi'",
     ),
+    # What the trainer backend cannot honour, with the numbers (spec/backend_rules.py).
+    (
+        "torch-tensor-parallel",
+        {"spec.parallelism": {"tensor": 2}},
+        "spec.parallelism.tensor",
+        "tensor(2) > 1 splits the model over GPUs, which the torch backend cannot do (it trains whole-model "
+        "data-parallel replicas); set spec.training.backend: megatron",
+    ),
+    ("torch-pipeline", {"spec.parallelism": {"pipeline": 4}}, "spec.parallelism.pipeline", "pipeline(4) > 1 splits"),
+    (
+        "torch-sequence-parallel",
+        {"spec.parallelism": {"sequenceParallel": True}},
+        "spec.parallelism.sequenceParallel",
+        "which the torch backend does not have; set spec.training.backend: megatron",
+    ),
+    (
+        "torch-selective-recompute",
+        {"spec.parallelism": {"recompute": "selective"}},
+        "spec.parallelism.recompute",
+        "recompute: selective (attention only) is not available in the torch backend",
+    ),
+    (
+        "torch-megatron-args",
+        {"spec.model.megatronArgs": {"num-layers": 36, "swiglu": True}},
+        "spec.model.megatronArgs",
+        "holds 2 Megatron-core argument(s), which the torch backend does not read; set spec.training.backend: megatron",
+    ),
+    (
+        "megatron-replica-larger-than-trainer",
+        {"spec.training.backend": "megatron", "spec.parallelism": {"tensor": 4, "pipeline": 4}},
+        "spec.parallelism",
+        "tensor(4) x pipeline(4) x context(1) = 16 GPUs per model replica must divide the trainer GPUs, "
+        "resources.trainer.nodes(1) x gpusPerNode(8) = 8",
+    ),
+    (
+        "megatron-replica-not-dividing",
+        {"spec.training.backend": "megatron", "spec.parallelism": {"tensor": 2, "context": 2},
+         "spec.resources.trainer": {"nodes": 3, "gpusPerNode": 2}},
+        "spec.parallelism",
+        "tensor(2) x pipeline(1) x context(2) = 4 GPUs per model replica must divide the trainer GPUs, "
+        "resources.trainer.nodes(3) x gpusPerNode(2) = 6",
+    ),
+    (
+        "megatron-expert-group",
+        {"spec.training.backend": "megatron", "spec.parallelism": {"tensor": 4, "expert": 4}},
+        "spec.parallelism.expert",
+        "expert(4) x tensor(4) x pipeline(1) = 16 GPUs per expert-parallel group must divide the trainer GPUs, "
+        "resources.trainer.nodes(1) x gpusPerNode(8) = 8",
+    ),
+    (
+        "megatron-sequence-parallel-without-tensor",
+        {"spec.training.backend": "megatron", "spec.parallelism": {"sequenceParallel": True}},
+        "spec.parallelism.sequenceParallel",
+        "sequenceParallel splits activations along the tensor-parallel ranks and needs tensor > 1, got tensor(1)",
+    ),
+    # Fields nothing implements yet.
+    (
+        "fp8-rollouts",
+        {"spec.model.rolloutDtype": "fp8"},
+        "spec.model.rolloutDtype",
+        "fp8 is not implemented (weight syncs send the engines bf16 weights and nothing quantizes them); use bf16",
+    ),
+    (
+        "async-buffer-above-one",
+        {"spec.training.asyncBufferSize": 3},
+        "spec.training.asyncBufferSize",
+        "asyncBufferSize(3): only 1 is implemented",
+    ),
+    (
+        "ppo-without-critic",
+        {"spec.algorithm": {"advantageEstimator": "ppo"}},
+        "spec.algorithm.advantageEstimator",
+        "ppo needs a critic (value) model, which rlkube's trainer backends do not have; use grpo, gspo",
+    ),
     (
         "shared-memory-unit-typo",
         {"spec.resources.sharedMemorySize": "16GB"},
@@ -250,3 +324,18 @@ def test_load_rljobs_labels_errors_with_the_document(tmp_path, good_doc):
     with pytest.raises(SpecError) as info:
         load_rljobs(path)
     assert info.value.errors == [("doc 1 (good): spec.training.globalBatchSize", BATCH_MESSAGE)]
+
+
+def test_validate_names_the_parallelism_that_does_not_fit(tmp_path, capsys, good_doc):
+    import yaml
+
+    good_doc["spec"]["training"]["backend"] = "megatron"
+    good_doc["spec"]["parallelism"] = {"tensor": 4, "pipeline": 2}
+    good_doc["spec"]["resources"]["trainer"] = {"nodes": 2, "gpusPerNode": 2}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(good_doc))
+    assert rlkube(["validate", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f"{path}: doc 1 (good): spec.parallelism: tensor(4) x pipeline(2) x context(1) = 8 GPUs per model replica "
+        "must divide the trainer GPUs, resources.trainer.nodes(2) x gpusPerNode(2) = 4\n"
+    )
