@@ -82,6 +82,7 @@ def _parse_args(argv):
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--in-flight", type=lambda t: [int(x) for x in t.split(",")], default=[64, 256])
     p.add_argument("--train-samples", type=int, default=64)
+    p.add_argument("--engine-compile", action="store_true", help="engine: also the slot runner with --enable-torch-compile")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default=None, help="Markdown report")
@@ -119,10 +120,12 @@ def engine(args, device, model_dir, results) -> dict:
 
     dtype = "bfloat16" if device == "cuda" else "float32"
     out: dict = {"prompt_len": args.prompt_len, "new_tokens": args.new_tokens}
-    for runner in ("slot", "hf"):
+    variants = ["slot", *(["slot_compiled"] if args.engine_compile else []), "hf"]
+    for variant in variants:
+        runner = "hf" if variant == "hf" else "slot"
         cap = max(args.in_flight)
         eng = Engine.load(EngineConfig(model_path=str(model_dir), device=device, dtype=dtype, max_running_requests=cap,
-                                       runner=runner, mem_fraction_static=0.6))
+                                       runner=runner, mem_fraction_static=0.6, torch_compile=variant == "slot_compiled"))
         eng.start()
         try:
             vocab = eng.vocab_size
@@ -136,10 +139,12 @@ def engine(args, device, model_dir, results) -> dict:
             for n in args.in_flight:
                 asyncio.run(_generate(eng, n, args.prompt_len, args.new_tokens, vocab, seed=2))  # captures this shape's graphs
                 secs, tokens, responses = asyncio.run(_generate(eng, n, args.prompt_len, args.new_tokens, vocab, seed=3))
-                out[f"slot_{n}"] = {"in_flight": n, "seconds": secs, "tokens": tokens, "tokens_per_s": tokens / secs,
+                out[f"{variant}_{n}"] = {"in_flight": n, "seconds": secs, "tokens": tokens, "tokens_per_s": tokens / secs,
                                     "kv_cache_gib": eng.runner.kv_bytes() / 2**30, "graph_captures": eng.runner.graph_captures}
                 if n == min(args.in_flight):
-                    out["logprob_parity"] = _parity(eng.model, responses[:16], device)
+                    out["logprob_parity" + ("_compiled" if variant == "slot_compiled" else "")] = _parity(
+                        eng.model, responses[:16], device
+                    )
         finally:
             eng.stop()
             del eng
@@ -166,7 +171,8 @@ async def _generate(eng, n: int, prompt_len: int, new_tokens: int, vocab: int, *
 def _parity(model, pairs, device) -> dict:
     """|engine logprob - full forward logprob| over every generated token of these requests."""
     diffs = []
-    with torch.no_grad():
+    # The reference is the eager forward, also when the engine compiled the model's modules.
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         for body, response in pairs:
             prompt, output = body["input_ids"], response["output_ids"]
             ids = torch.tensor([prompt + output], device=device)

@@ -35,6 +35,10 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         "(any model); auto (default): slot when the model allows",
     )
     parser.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly on a GPU too")
+    parser.add_argument(
+        "--enable-torch-compile", action="store_true",
+        help="GPU: fuse the decode step's norms, RoPE, SwiGLU and softmax with torch.compile (slower start-up)",
+    )
     parser.add_argument("--mem-fraction-static", type=float, default=0.8, help="share of GPU memory for weights and KV cache")
     parser.add_argument("--max-total-tokens", type=int, default=None, help="KV cache slots at most (default: by the memory share)")
     threads = os.environ.get("RLKUBE_ENGINE_THREADS")
@@ -72,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         weight_version=args.weight_version,
         runner=args.runner,
         cuda_graphs=not args.disable_cuda_graph,
+        torch_compile=args.enable_torch_compile,
         mem_fraction_static=args.mem_fraction_static,
         max_total_tokens=args.max_total_tokens,
         trust_remote_code=args.trust_remote_code,

@@ -46,6 +46,8 @@ class EngineConfig:
     weight_version: str = "default"
     runner: str = "auto"  # slot: static KV cache (+ CUDA graphs); hf: transformers' forward; auto: slot when it can
     cuda_graphs: bool = True
+    # torch.compile the decode step's elementwise kernels (GPU, slot runner; SGLang's --enable-torch-compile)
+    torch_compile: bool = False
     # Share of the GPU's memory the engine may hold (weights + KV cache), as SGLang's option.
     mem_fraction_static: float = 0.8
     max_total_tokens: int | None = None  # KV cache slots at most (default: what the memory share allows)
@@ -350,7 +352,13 @@ def _make_runner(model: torch.nn.Module, config: EngineConfig, pad_token_id: int
         return HFRunner(model, max_rows=config.max_running_requests, pad_token_id=pad_token_id)
     if reason is not None:
         raise ValueError(f"runner 'slot' cannot run {config.model_path}: {reason}; use runner 'hf' or 'auto'")
-    runner = SlotRunner(model, max_rows=config.max_running_requests, kv_budget_bytes=0, cuda_graphs=config.cuda_graphs)
+    runner = SlotRunner(
+        model,
+        max_rows=config.max_running_requests,
+        kv_budget_bytes=0,
+        cuda_graphs=config.cuda_graphs,
+        compile_kernels=config.torch_compile,
+    )
     runner.kv_budget_bytes = _kv_budget_bytes(config, runner.bytes_per_slot, runner.device)
     return runner
 

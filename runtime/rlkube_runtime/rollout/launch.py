@@ -46,7 +46,7 @@ ENGINE_KINDS = ("builtin", "sglang")
 # Options of `python -m rlkube_runtime.engine` a caller may pass through `engine_args`.
 BUILTIN_ENGINE_OPTIONS = (
     "dtype", "max-running-requests", "context-length", "num-threads", "weight-version", "log-level", "runner",
-    "disable-cuda-graph", "mem-fraction-static", "max-total-tokens", "trust-remote-code",
+    "disable-cuda-graph", "enable-torch-compile", "mem-fraction-static", "max-total-tokens", "trust-remote-code",
 )
 
 

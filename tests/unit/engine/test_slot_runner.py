@@ -118,3 +118,41 @@ def test_buckets_bound_the_number_of_captured_shapes():
     assert [_round_slots(n) for n in (1, 256, 257, 1024, 1025, 3000)] == [256, 256, 512, 1024, 2048, 4096]
     assert [_batch_bucket(b, 256) for b in (1, 3, 5, 9, 16, 17, 250, 256)] == [1, 4, 8, 16, 16, 32, 256, 256]
     assert _batch_bucket(20, 24) == 24
+
+
+def test_torch_compile_is_sglangs_flag_and_a_gpu_only_switch(tiny_model_dir):
+    from rlkube_runtime.engine.__main__ import parse_args
+    from transformers import AutoModelForCausalLM
+
+    assert parse_args(["--model-path", str(tiny_model_dir), "--enable-torch-compile"]).torch_compile is True
+    assert parse_args(["--model-path", str(tiny_model_dir)]).torch_compile is False
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    runner = SlotRunner(model, max_rows=4, kv_budget_bytes=2**26, compile_kernels=True)
+    assert runner.compiled is False  # on a CPU the step stays eager: nothing to capture, compile time only
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_decode_on_a_gpu_gives_the_eager_tokens_and_logprobs(tiny_model_dir):
+    from rlkube_runtime.engine.engine import Engine, EngineConfig
+
+    def generate(compiled: bool):
+        eng = Engine.load(EngineConfig(model_path=str(tiny_model_dir), device="cuda", dtype="float32",
+                                       max_running_requests=8, runner="slot", torch_compile=compiled))
+        eng.start()
+        try:
+            bodies = [{"input_ids": [3 + i, 5, 7], "rid": f"c{i}", "return_logprob": True,
+                       "sampling_params": {"max_new_tokens": 24, "ignore_eos": True, "temperature": 1.0, "sampling_seed": i}}
+                      for i in range(6)]
+            async def run():
+                return await asyncio.gather(*(eng.generate(b) for b in bodies))
+            return asyncio.run(run())
+        finally:
+            eng.stop()
+
+    eager, compiled = generate(False), generate(True)
+    for a, b in zip(eager, compiled):
+        assert a["output_ids"] == b["output_ids"]
+        got = [lp for lp, _, _ in b["meta_info"]["output_token_logprobs"]]
+        want = [lp for lp, _, _ in a["meta_info"]["output_token_logprobs"]]
+        assert max(abs(x - y) for x, y in zip(got, want)) < 1e-4
