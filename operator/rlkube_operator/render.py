@@ -500,7 +500,7 @@ def _container(
     env = [
         {"name": ENV_RLJOB_NAME, "value": ref.name},
         {"name": ENV_RLJOB_NAMESPACE, "value": ref.namespace},
-        {"name": "RLKUBE_ATTEMPT", "value": str(attempt)},
+        {"name": ENV_ATTEMPT, "value": str(attempt)},
         {"name": "RLKUBE_ROLE", "value": role},
     ]
     env += copy.deepcopy(spec.resources.env)
