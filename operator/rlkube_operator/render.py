@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 from rlkube_runtime.spec.contract import (  # what the runtime inside the pods expects
     ENTRYPOINT,
+    ENV_ATTEMPT,
     ENV_METRICS_PORT,
     ENV_RLJOB_NAME,
     ENV_RLJOB_NAMESPACE,

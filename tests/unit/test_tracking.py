@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -78,11 +79,24 @@ def _wandb_records(path: Path):
             yield record
 
 
+def _finished_records(run_file: Path, timeout_s: float = 30) -> list:
+    """The file's records once its `exit` record is in: W&B's service process writes the file
+    after `finish()` returns."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = list(_wandb_records(run_file))
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def _wandb_run(out: Path) -> tuple[str, list[dict], dict]:
     """(run id, history rows, config) of the offline runs under out/wandb, in the order written."""
     run_id, rows, config = None, [], {}
-    for run_file in sorted(out.glob("wandb/offline-run-*/run-*.wandb")):
-        for record in _wandb_records(run_file):
+    run_files = sorted(out.glob("wandb/offline-run-*/run-*.wandb"))
+    assert run_files, sorted(out.rglob("*"))
+    for run_file in run_files:
+        for record in _finished_records(run_file):
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 run_id = run_id or record.run.run_id
