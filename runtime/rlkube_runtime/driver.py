@@ -260,8 +260,9 @@ class Job:
 
     @property
     def num_rollout(self) -> int:
-        """Rollouts this run goes through: training.numRollout, or the dumps a train-only run has."""
-        return len(self.plan.train_rollout_ids) if self.plan.mode == "train-only" else self.spec.training.num_rollout
+        """The rollout count progress is shown against: training.numRollout, or up to the last dump a
+        train-only run trains on."""
+        return self.plan.train_rollout_ids[-1] + 1 if self.plan.mode == "train-only" else self.spec.training.num_rollout
 
 
 @dataclass(frozen=True)
@@ -398,10 +399,10 @@ def _start(plan: RunPlan, cluster: str, trackers: list[Any]) -> Job:
                            prometheus_port=int(metrics_port) if metrics_port else None)
     reporter = _status_reporter()
     trainers, rollout = _start_actors(plan, topology, cluster)
-    num_rollout = len(plan.train_rollout_ids) if plan.mode == "train-only" else spec.training.num_rollout
     job = Job(plan, trainers, rollout, takes_turns=topology.placement == "colocated" and plan.trains and plan.generates,
-              logger=logger, reporter=reporter, summary=RunSummary(plan.job.metadata.name, num_rollout),
+              logger=logger, reporter=reporter, summary=None,
               engine_restarts=reporter.engine_restarts_so_far() if reporter is not None else 0)
+    job.summary = RunSummary(plan.job.metadata.name, job.num_rollout)
     job.pushers = _weight_pushers(spec, topology)
     return job
 
