@@ -30,7 +30,18 @@ def _crd(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from rlkube_runtime.driver import run_from_file
 
-    return run_from_file(args.file, output_dir=args.output_dir, resume=not args.no_resume)
+    if args.debug_rollout_only and args.debug_train_only:
+        print("rlkube run: --debug-rollout-only and --debug-train-only exclude each other", file=sys.stderr)
+        return 2
+    mode = "rollout-only" if args.debug_rollout_only else "train-only" if args.debug_train_only else "train"
+    return run_from_file(
+        args.file,
+        output_dir=args.output_dir,
+        resume=not args.no_resume,
+        mode=mode,
+        load_rollouts=args.load_rollouts,
+        dump_all_rollouts=args.dump_all_rollouts,
+    )
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -55,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--output-dir", default=None, help="where checkpoints and logs go (default: spec.model.save or ./runs/<name>)")
     p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints and start fresh")
+    p.add_argument("--dump-all-rollouts", action="store_true",
+                   help="dump every sample of every rollout to <output>/rollouts/ (default: spec.observability.rolloutDump)")
+    p.add_argument("--debug-rollout-only", action="store_true",
+                   help="generate and dump every rollout, no trainer, no training, no checkpoints")
+    p.add_argument("--debug-train-only", action="store_true",
+                   help="train on the rollouts dumped in --load-rollouts DIR, no engines, no checkpoints")
+    p.add_argument("--load-rollouts", metavar="DIR", default=None,
+                   help="with --debug-train-only: the rollout_<k>.jsonl dumps to train on (a run's <output>/rollouts)")
     p.set_defaults(func=_run)
 
     p = sub.add_parser("operator", help="run the RLJob operator (kopf)")

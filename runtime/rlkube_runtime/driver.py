@@ -5,6 +5,10 @@
 
 Each phase is one actor call. Locally `ray.init()` starts a private Ray; inside a KubeRay cluster
 (RAY_ADDRESS set by the RayJob) the same code joins the existing cluster.
+
+Two debugging modes split the loop at the rollout dump (slime's --debug-rollout-only and
+--debug-train-only): `rollout-only` generates and dumps every sample, starting no trainer;
+`train-only` trains on such dumps, starting no engine. Neither writes checkpoints.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlkube_runtime.spec import RLJob
 from rlkube_runtime.spec.load import SpecError, load_rljobs
@@ -48,6 +52,9 @@ class InvalidSpec(RunError):
     fail the job instead of restarting it. A missing data file stays a plain RunError."""
 
 
+RunMode = Literal["train", "rollout-only", "train-only"]
+
+
 @dataclass(frozen=True)
 class RunPlan:
     job: RLJob
@@ -55,17 +62,52 @@ class RunPlan:
     checkpoint_root: Path
     resume_roots: tuple[Path, ...]  # where to look for a checkpoint, newest first
     model_path: str  # HF directory (or hub id) the trainer and the engines start from
+    spec_path: str = ""  # the job file, for the commands the end-of-run summary suggests
+    mode: RunMode = "train"
+    rollout_dump: str = "sample"  # spec.observability.rolloutDump, or "all" when asked for
+    load_rollouts: Path | None = None  # train-only: the dumps to train on
+    train_rollout_ids: tuple[int, ...] = ()  # train-only: the dumped rollouts, in order
+
+    @property
+    def trains(self) -> bool:
+        return self.mode != "rollout-only"
+
+    @property
+    def generates(self) -> bool:
+        return self.mode != "train-only"
+
+    @property
+    def dump_dir(self) -> Path:
+        from rlkube_runtime.rollout_dump import DUMP_DIR
+
+        return self.output_dir / DUMP_DIR
 
 
-def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = True) -> int:
+def run_from_file(
+    path: str,
+    *,
+    output_dir: str | None = None,
+    resume: bool = True,
+    mode: RunMode = "train",
+    load_rollouts: str | None = None,
+    dump_all_rollouts: bool = False,
+) -> int:
     """The CLI entry: exit 0 on success; a spec or data problem prints one clear error, exit 2."""
     logging.basicConfig(level=os.environ.get("RLKUBE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     # This process and the actors (they inherit the environment) print one progress line per
     # rollout instead of model-loading bars.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if not os.environ.get("RAY_ADDRESS"):
+        # Ray turns token authentication on for a new local cluster and warns that it did unless
+        # RAY_AUTH_MODE is set; saying `token` keeps the protection without the warning. Ray reads
+        # it when first imported, so before anything here imports ray. (In a KubeRay cluster the
+        # cluster's own setting applies.)
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
-        plan = prepare_run(path, output_dir=output_dir)
+        plan = prepare_run(
+            path, output_dir=output_dir, mode=mode, load_rollouts=load_rollouts, dump_all_rollouts=dump_all_rollouts
+        )
     except (SpecError, RunError) as err:
         print(f"rlkube run: {err}", file=sys.stderr)
         if isinstance(err, (SpecError, InvalidSpec)):
@@ -73,6 +115,9 @@ def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = Tr
         return 2
     try:
         run_job(plan, resume=resume)
+    except RunError as err:  # found once Ray is up (a tracker that cannot start, an unsupported mode)
+        print(f"rlkube run: {err}", file=sys.stderr)
+        return 2
     except Preempted as stopped:
         print(f"rlkube run: {stopped} `rlkube run {path}` resumes from it.", file=sys.stderr)
         return PREEMPTED_EXIT_CODE
@@ -107,8 +152,17 @@ def _report_invalid_spec(err: SpecError | InvalidSpec) -> None:
     reporter.report_invalid_spec(message)
 
 
-def prepare_run(path: str, *, output_dir: str | None = None) -> RunPlan:
-    """Everything that can fail because of the spec or the data, checked before Ray starts."""
+def prepare_run(
+    path: str,
+    *,
+    output_dir: str | None = None,
+    mode: RunMode = "train",
+    load_rollouts: str | None = None,
+    dump_all_rollouts: bool = False,
+) -> RunPlan:
+    """Everything that can fail because of the spec, the data or the dumps, checked before Ray starts."""
+    if (mode == "train-only") != (load_rollouts is not None):
+        raise RunError("--debug-train-only and --load-rollouts DIR go together: train-only trains on the dumps in DIR")
     jobs = load_rljobs(path)
     if len(jobs) != 1:
         raise InvalidSpec(f"{path}: `rlkube run` takes one RLJob per file, found {len(jobs)}")
@@ -116,17 +170,43 @@ def prepare_run(path: str, *, output_dir: str | None = None) -> RunPlan:
     spec = job.spec
     from rlkube_runtime.train_worker import check_trainer_supports
 
+    from rlkube_runtime.tracking import TrackingError, check_trackers_available
+
     try:
         check_trainer_supports(spec)
     except ValueError as err:
         raise InvalidSpec(str(err)) from None
+    try:
+        check_trackers_available(spec.observability)
+    except TrackingError as err:
+        raise RunError(str(err)) from None
+    train_ids: tuple[int, ...] = ()
+    if load_rollouts is not None:
+        train_ids = _check_dumps(Path(load_rollouts), spec)
     out = Path(output_dir or spec.model.save or Path("runs") / job.metadata.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     model_path = _initial_model(job, out)
-    _check_data(job, model_path)
+    if mode != "train-only":
+        _check_data(job, model_path)
     checkpoint_root = out / "checkpoints"
     resume_roots = (checkpoint_root,) + ((Path(spec.model.load),) if spec.model.load else ())
-    return RunPlan(job, out, checkpoint_root, resume_roots, model_path)
+    # A rollout-only run exists to produce dumps a train-only run can use: every sample.
+    dump = "all" if dump_all_rollouts or mode == "rollout-only" else spec.observability.rollout_dump
+    return RunPlan(job, out, checkpoint_root, resume_roots, model_path, spec_path=path, mode=mode, rollout_dump=dump,
+                   load_rollouts=Path(load_rollouts).resolve() if load_rollouts else None, train_rollout_ids=train_ids)
+
+
+def _check_dumps(directory: Path, spec) -> tuple[int, ...]:
+    """The dumped rollouts to train on (at most training.numRollout of them); the first is read
+    whole so a sample dump or one from another job stops the run now."""
+    from rlkube_runtime.rollout_dump import RolloutDumpError, dumped_rollout_ids, load_rollout_dump
+
+    try:
+        ids = dumped_rollout_ids(directory)[: spec.training.num_rollout]
+        load_rollout_dump(directory, ids[0], expected_samples=spec.samples_per_rollout)
+    except (RolloutDumpError, OSError) as err:
+        raise RunError(str(err)) from None
+    return tuple(ids)
 
 
 def _initial_model(job: RLJob, out: Path) -> str:
@@ -187,20 +267,28 @@ class Job:
     """The running job: its actors and where it reports."""
 
     plan: RunPlan
-    trainers: list[Any]  # TrainerWorker handles, rank order
-    rollout: Any  # the RolloutManager handle
+    trainers: list[Any]  # TrainerWorker handles, rank order (none when rollout-only)
+    rollout: Any  # the RolloutManager handle (None when train-only)
     # Colocated: trainer and engines take turns with the device memory. On a CPU there is nothing
     # to free, but the turns run the same way, so the local run tests the order a GPU run needs.
     takes_turns: bool
     logger: Any  # MetricsLogger
     reporter: Any  # RLJobStatusReporter, or None outside a cluster
+    summary: Any  # RunSummary: what the end-of-run block reports
     engine_restarts: int = 0  # the job's total, earlier attempts included
     last_saved: int | None = None  # the rollout of the newest checkpoint this job holds
+    last_saved_path: str | None = None  # and its directory
     pushers: tuple[list[int], str] = ([], "http")  # trainer rank serving engine j; the weight-sync transport
 
     @property
     def spec(self):
         return self.plan.job.spec
+
+    @property
+    def num_rollout(self) -> int:
+        """The rollout count progress is shown against: training.numRollout, or up to the last dump a
+        train-only run trains on."""
+        return self.plan.train_rollout_ids[-1] + 1 if self.plan.mode == "train-only" else self.spec.training.num_rollout
 
 
 @dataclass(frozen=True)
@@ -225,54 +313,101 @@ class JobCheckpoint:
 def run_job(plan: RunPlan, *, resume: bool = True) -> None:
     """The loop, one call per phase: generate (the rollout manager: prompts, engines, rewards,
     filters) -> train (advantages and optimizer steps on the trainer ranks, with the colocated
-    hand-off and the weight sync) -> eval -> save -> report."""
+    hand-off and the weight sync) -> dump -> eval -> save -> report; then the HF export and the
+    summary."""
     import ray
 
     from rlkube_runtime.trainer.checkpoint import clean_partial_checkpoints
 
     # A save cut short by a crash leaves a .tmp- directory; only complete checkpoints are loaded.
     clean_partial_checkpoints(plan.checkpoint_root)
+    trackers = _open_trackers(plan)  # before Ray: a tracker that cannot start stops the run at once
     cluster = _init_ray()
     stop = _StopRequest.install()  # after Ray's own set-up, which must not replace it
-    job = _start(plan, cluster)
+    job = _start(plan, cluster, trackers)
+    hf_export, finished = None, False
     try:
         _prepare(job)
-        spec = job.spec
-        num_rollout = spec.training.num_rollout
-        start = _resume(job) if resume else 0
-        if _eval_interval(spec) and start == 0:
-            job.logger.log(-1, {**ray.get(job.rollout.evaluate.remote(0)), "progress/num_rollout": num_rollout})
-        rollouts = _Rollouts(job.rollout, start, num_rollout, overlap=spec.training.mode == "async")
-        for rollout_id in range(start, num_rollout):
-            step_start = time.monotonic()
-            taken = rollouts.take(rollout_id, stop)
-            if taken is None:  # SIGTERM while generating: this rollout is abandoned, redone on resume
-                _stop_after(job, rollout_id - 1, stop, trained_since_start=rollout_id > start)
-            samples, metrics = taken
+        if plan.mode == "train-only":
+            _train_on_dumps(job, stop)
+        else:
+            _generate_and_train(job, stop, resume=resume and plan.trains)
+        if plan.trains:
+            hf_export = _export_hf(job)
+        finished = True
+    finally:
+        job.logger.close()
+        if job.rollout is not None:
+            try:
+                ray.get(job.rollout.shutdown.remote(), timeout=60)
+            except Exception as err:  # shutting down after a failure must not hide that failure
+                log.warning("rollout manager shutdown failed: %s", err)
+        if cluster == "local":
+            ray.shutdown()
+        # Also after a stop or a failure: what was done and how to go on (the cause follows).
+        print(_summary_block(job, hf_export, finished=finished), flush=True)
+
+
+def _generate_and_train(job: Job, stop: _StopRequest, *, resume: bool) -> None:
+    """The loop of DESIGN.md (rollout-only: without train and save), from the resume point."""
+    spec, plan = job.spec, job.plan
+    num_rollout = spec.training.num_rollout
+    start = _resume(job) if resume else 0
+    if _eval_interval(spec) and start == 0:
+        job.logger.log(-1, {**_evaluate(job, -1), "progress/num_rollout": num_rollout})
+    rollouts = _Rollouts(job.rollout, start, num_rollout, overlap=spec.training.mode == "async")
+    for rollout_id in range(start, num_rollout):
+        step_start = time.monotonic()
+        taken = rollouts.take(rollout_id, stop)
+        if taken is None:  # SIGTERM while generating: this rollout is abandoned, redone on resume
+            _stop_after(job, rollout_id - 1, stop, trained_since_start=rollout_id > start)
+        samples, metrics = taken
+        checkpoint = None
+        if plan.trains:
             sync_now = (rollout_id + 1) % spec.training.update_weights_interval == 0 or rollout_id + 1 == num_rollout
             metrics.update(_train(job, rollout_id, samples, sync_version=rollout_id + 1 if sync_now else None,
                                   in_flight=rollouts.in_flight, stop=stop))
             # Recorded before the checkpoint that covers it: a crash in between redoes this rollout
             # (its record is written again) rather than leaving a trained rollout unrecorded.
             _log_trained_samples(plan.output_dir, rollout_id, samples)
-            if not stop.requested:
-                metrics.update(_evaluate(job, rollout_id))
+        _dump(job, rollout_id, samples)
+        if not stop.requested:
+            metrics.update(_evaluate(job, rollout_id))
+        if plan.trains:
             checkpoint = _save(job, rollout_id, force=stop.requested)
-            rollouts.start_next(rollout_id)
-            _report(job, rollout_id, metrics, checkpoint, seconds=time.monotonic() - step_start)
-            if stop.requested:
-                _stop_after(job, rollout_id, stop, trained_since_start=True)
-    finally:
-        job.logger.close()
-        try:
-            ray.get(job.rollout.shutdown.remote(), timeout=60)
-        except Exception as err:  # shutting down after a failure must not hide that failure
-            log.warning("rollout manager shutdown failed: %s", err)
-        if cluster == "local":
-            ray.shutdown()
+        rollouts.start_next(rollout_id)
+        _report(job, rollout_id, metrics, checkpoint, seconds=time.monotonic() - step_start)
+        if stop.requested:
+            _stop_after(job, rollout_id, stop, trained_since_start=True)
 
 
-def _start(plan: RunPlan, cluster: str) -> Job:
+def _train_on_dumps(job: Job, stop: _StopRequest) -> None:
+    """Train-only: the dumped rollouts in order, each trained as the normal loop trains it (no
+    engines, so no weight sync), no checkpoints."""
+    from rlkube_runtime.rollout_dump import load_rollout_dump
+
+    plan = job.plan
+    for rollout_id in plan.train_rollout_ids:
+        step_start = time.monotonic()
+        samples = load_rollout_dump(plan.load_rollouts, rollout_id, expected_samples=job.spec.samples_per_rollout)
+        metrics = {"rollout/raw_reward": sum(float(s["reward"]) for s in samples) / len(samples)}
+        metrics.update(_train(job, rollout_id, samples, sync_version=None))
+        _report(job, rollout_id, metrics, None, seconds=time.monotonic() - step_start)
+        if stop.requested:
+            raise Preempted("stopped by SIGTERM; a train-only run keeps no checkpoints.")
+
+
+def _open_trackers(plan: RunPlan) -> list[Any]:
+    """The W&B / MLflow runs spec.observability configures, continuing this job's run if any."""
+    from rlkube_runtime.tracking import TrackingError, open_trackers, run_identity
+
+    try:
+        return open_trackers(plan.job, run_identity(plan.job, plan.output_dir))
+    except TrackingError as err:
+        raise RunError(str(err)) from None
+
+
+def _start(plan: RunPlan, cluster: str, trackers: list[Any]) -> Job:
     """Actors placed on the topology, the metric sinks, and which trainer rank pushes weights to
     which engine."""
     import ray
@@ -283,13 +418,17 @@ def _start(plan: RunPlan, cluster: str) -> Job:
     topology = _plan_topology(spec)
     from rlkube_runtime.spec.contract import ENV_METRICS_PORT
 
+    from rlkube_runtime.run_summary import RunSummary
+
     metrics_port = os.environ.get(ENV_METRICS_PORT)
-    logger = MetricsLogger(plan.job.metadata.name, plan.output_dir, prometheus_port=int(metrics_port) if metrics_port else None)
+    logger = MetricsLogger(plan.job.metadata.name, plan.output_dir, trackers=trackers,
+                           prometheus_port=int(metrics_port) if metrics_port else None)
     reporter = _status_reporter()
     trainers, rollout = _start_actors(plan, topology, cluster)
-    job = Job(plan, trainers, rollout, takes_turns=topology.placement == "colocated",
-              logger=logger, reporter=reporter,
+    job = Job(plan, trainers, rollout, takes_turns=topology.placement == "colocated" and plan.trains and plan.generates,
+              logger=logger, reporter=reporter, summary=None,
               engine_restarts=reporter.engine_restarts_so_far() if reporter is not None else 0)
+    job.summary = RunSummary(plan.job.metadata.name, job.num_rollout)
     job.pushers = _weight_pushers(spec, topology)
     return job
 
@@ -301,7 +440,8 @@ def _prepare(job: Job) -> None:
 
     if job.takes_turns:
         ray.get([t.release_memory.remote() for t in job.trainers])
-    ray.get(job.rollout.set_weight_pushers.remote(job.trainers, *job.pushers, str(job.plan.output_dir / "weights")))
+    if job.rollout is not None and job.trainers:
+        ray.get(job.rollout.set_weight_pushers.remote(job.trainers, *job.pushers, str(job.plan.output_dir / "weights")))
 
 
 def _resume(job: Job) -> int:
@@ -327,7 +467,7 @@ def _resume(job: Job) -> int:
     ray.get([t.load_state_dict.remote(saved.trainer, rng) for t, rng in zip(job.trainers, rngs)])
     ray.get(job.rollout.load_data_state.remote(saved.data_source))
     start = found.rollout_id + 1
-    job.last_saved = found.rollout_id
+    job.last_saved, job.last_saved_path = found.rollout_id, str(found.path)
     ray.get(job.rollout.update_weights.remote(str(start)))
     return start
 
@@ -359,12 +499,59 @@ class _Rollouts:
 
 
 def _evaluate(job: Job, rollout_id: int) -> dict[str, float]:
+    """The eval datasets' metrics when an evaluation is due after `rollout_id` (-1: before the
+    first rollout), with its time in perf/eval_time."""
     import ray
 
     every = _eval_interval(job.spec)
     if every and (rollout_id + 1) % every == 0:
-        return ray.get(job.rollout.evaluate.remote(rollout_id + 1))
+        started = time.monotonic()
+        metrics = ray.get(job.rollout.evaluate.remote(rollout_id + 1))
+        return {**metrics, "perf/eval_time": time.monotonic() - started}
     return {}
+
+
+def _dump(job: Job, rollout_id: int, samples: list[dict[str, Any]]) -> None:
+    """The rollout's samples to <output>/rollouts/rollout_<k>.jsonl (spec.observability.rolloutDump),
+    with the advantages rank 0 trained on."""
+    import ray
+
+    from rlkube_runtime.rollout_dump import samples_to_dump, write_rollout_dump
+
+    observability = job.spec.observability
+    count = samples_to_dump(samples, job.plan.rollout_dump, observability.rollout_dump_samples)
+    if not count:
+        return
+    advantages = ray.get(job.trainers[0].last_advantages.remote(count)) if job.trainers else None
+    write_rollout_dump(job.plan.dump_dir, rollout_id, samples[:count], advantages, samples_in_rollout=len(samples))
+
+
+def _export_hf(job: Job) -> str:
+    """The trained weights as a Hugging Face directory (<output>/hf), what `from_pretrained` and
+    SGLang load."""
+    import ray
+
+    return ray.get(job.trainers[0].save_hf.remote(str(job.plan.output_dir / "hf")))
+
+
+def _summary_block(job: Job, hf_export: str | None, *, finished: bool) -> str:
+    plan = job.plan
+    command = f"rlkube run {plan.spec_path} --output-dir {plan.output_dir}"
+    checkpoint = f"{job.last_saved_path} (rollout {job.last_saved + 1})" if job.last_saved is not None else None
+    num_rollout = job.spec.training.num_rollout
+    if plan.mode == "rollout-only":
+        next_steps = [("dumps", str(plan.dump_dir)),
+                      ("train on them", f"{command}-train-only --debug-train-only --load-rollouts {plan.dump_dir}")]
+    elif plan.mode == "train-only":
+        next_steps = [("next", f"trained on the dumps in {plan.load_rollouts} (no checkpoints in train-only mode)")]
+    elif job.last_saved is not None and job.last_saved + 1 == num_rollout:
+        next_steps = [("next", f"all {num_rollout} rollouts done; with a larger training.numRollout `{command}` "
+                               "continues from the last checkpoint (--no-resume starts over)")]
+    elif job.last_saved is not None:
+        next_steps = [("resume", f"`{command}` continues from rollout {job.last_saved + 2}")]
+    else:
+        next_steps = [("resume", f"no checkpoint yet: `{command}` starts from rollout 1")]
+    return job.summary.render(finished=finished, checkpoint=checkpoint, hf_export=hf_export, next_steps=next_steps)
 
 
 class _StopRequest:
@@ -398,6 +585,8 @@ class _StopRequest:
 
 def _stop_after(job: Job, rollout_id: int, stop: _StopRequest, *, trained_since_start: bool) -> None:
     """Make sure a checkpoint covers every rollout up to `rollout_id`, then raise Preempted."""
+    if not job.plan.trains:
+        raise Preempted("stopped by SIGTERM; a rollout-only run keeps no checkpoints.")
     if trained_since_start and job.last_saved != rollout_id:
         _save(job, rollout_id, force=True)
     waited = time.monotonic() - (stop.since or time.monotonic())
@@ -433,7 +622,7 @@ def _save(job: Job, rollout_id: int, *, force: bool = False) -> dict[str, Any] |
         progress={"rollout_id": rollout_id, "num_rollout": num_rollout},
     )
     path = save_checkpoint(job.plan.checkpoint_root, rollout_id, saved.payload(), keep=spec.checkpoint.keep)
-    job.last_saved = rollout_id
+    job.last_saved, job.last_saved_path = rollout_id, str(path)
     return {"rollout": rollout_id, "path": str(path), "time": datetime.now(timezone.utc)}
 
 
@@ -441,8 +630,8 @@ def _report(job: Job, rollout_id: int, metrics: dict[str, Any], checkpoint: dict
     """The rollout's metrics to the log, TensorBoard and Prometheus; progress to the RLJob's status."""
     import ray
 
-    num_rollout = job.spec.training.num_rollout
-    restarts = ray.get(job.rollout.take_engine_restarts.remote())
+    num_rollout = job.num_rollout
+    restarts = ray.get(job.rollout.take_engine_restarts.remote()) if job.rollout is not None else 0
     job.engine_restarts += restarts
     if restarts:
         job.logger.prometheus.count_engine_restarts(restarts)
@@ -453,6 +642,7 @@ def _report(job: Job, rollout_id: int, metrics: dict[str, Any], checkpoint: dict
     metrics["progress/rollout"] = rollout_id
     metrics["progress/num_rollout"] = num_rollout
     job.logger.log(rollout_id, metrics)
+    job.summary.add(rollout_id, metrics)
     if job.reporter is not None:
         job.reporter.report(
             rollout_id + 1,
@@ -582,7 +772,6 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
 
     from rlkube_runtime.rollout.manager import RolloutManager
     from rlkube_runtime.spec.contract import ROUTER_RESOURCE
-    from rlkube_runtime.train_worker import TrainerWorker
 
     spec_dict = plan.job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     group = placement_group(list(topology.bundles), strategy="PACK")
@@ -591,6 +780,45 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
     def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
 
+    trainers = _start_trainers(plan, topology, in_bundle) if plan.trains else []
+    if not plan.generates:
+        ray.get([t.ready.remote() for t in trainers])
+        return trainers, None
+    manager_cls = ray.remote(RolloutManager)
+    # The router runs inside the manager's process: on a rollout pod when the operator made some.
+    router_pod = {ROUTER_RESOURCE: 0.01} if ROUTER_RESOURCE in ray.cluster_resources() else {}
+    engine_gpus = None
+    if topology.placement == "colocated" and topology.device == "cuda" and topology.gpus_per_engine > 1:
+        # Ray shows each actor its own bundle's GPU only: an engine over several GPUs is given
+        # those of the trainer ranks it shares by id (waiting for the ranks to exist).
+        from rlkube_runtime.topology import colocated_engine_gpus
+
+        if not trainers:
+            raise RunError(
+                "--debug-rollout-only: colocated engines over several GPUs (rollout.gpusPerEngine > 1) take the GPUs "
+                "of the trainer ranks they share, and rollout-only starts none; use resources.placement: separate"
+            )
+        engine_gpus = colocated_engine_gpus(ray.get([t.gpus.remote() for t in trainers]), topology.gpus_per_engine)
+    rollout = manager_cls.options(num_cpus=0, max_concurrency=16, resources=router_pod).remote(
+        spec_dict,
+        model_path=plan.model_path,
+        log_dir=str(plan.output_dir / "logs"),
+        placement_group=group,
+        engine_bundles=list(topology.engine_bundles),
+        engine_resources=topology.engine_actor_resources,
+        device=topology.device,
+        engine_gpu_ids=engine_gpus,
+    )
+    ray.get([t.ready.remote() for t in trainers] + [rollout.start.remote()])
+    return trainers, rollout
+
+
+def _start_trainers(plan: RunPlan, topology, in_bundle) -> list[Any]:
+    """The trainer ranks (TrainerWorker actors), one per trainer bundle, not yet waited for."""
+    import ray
+
+    from rlkube_runtime.train_worker import TrainerWorker
+
     # Trainer ranks meet at rank 0's node (its IP, a free port there): on a cluster the ranks
     # are pods of their own, and loopback reaches none of them.
     master_addr, master_port = ray.get(
@@ -598,9 +826,10 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
         .options(num_cpus=0, scheduling_strategy=in_bundle(topology.trainer_bundles[0]))
         .remote()
     )
+    spec_dict = plan.job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     trainer_cls = ray.remote(TrainerWorker)
     threads = 1 if topology.device == "cpu" else None
-    trainers = [
+    return [
         trainer_cls.options(
             num_cpus=topology.trainer_actor_resources.get("CPU", 0),
             num_gpus=topology.trainer_actor_resources.get("GPU", 0),
@@ -617,28 +846,6 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
         )
         for rank in range(topology.trainer_world_size)
     ]
-    manager_cls = ray.remote(RolloutManager)
-    # The router runs inside the manager's process: on a rollout pod when the operator made some.
-    router_pod = {ROUTER_RESOURCE: 0.01} if ROUTER_RESOURCE in ray.cluster_resources() else {}
-    engine_gpus = None
-    if topology.placement == "colocated" and topology.device == "cuda" and topology.gpus_per_engine > 1:
-        # Ray shows each actor its own bundle's GPU only: an engine over several GPUs is given
-        # those of the trainer ranks it shares by id (waiting for the ranks to exist).
-        from rlkube_runtime.topology import colocated_engine_gpus
-
-        engine_gpus = colocated_engine_gpus(ray.get([t.gpus.remote() for t in trainers]), topology.gpus_per_engine)
-    rollout = manager_cls.options(num_cpus=0, max_concurrency=16, resources=router_pod).remote(
-        spec_dict,
-        model_path=plan.model_path,
-        log_dir=str(plan.output_dir / "logs"),
-        placement_group=group,
-        engine_bundles=list(topology.engine_bundles),
-        engine_resources=topology.engine_actor_resources,
-        device=topology.device,
-        engine_gpu_ids=engine_gpus,
-    )
-    ray.get([t.ready.remote() for t in trainers] + [rollout.start.remote()])
-    return trainers, rollout
 
 
 def _status_reporter():

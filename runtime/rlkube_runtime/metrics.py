@@ -1,4 +1,5 @@
-"""Where each rollout's numbers go: a JSONL log, TensorBoard when installed, Prometheus, and a progress line.
+"""Where each rollout's numbers go: a JSONL log, TensorBoard when installed, Prometheus, the
+experiment trackers spec.observability configures (W&B, MLflow: `tracking.py`), and a progress line.
 
 The loop produces one flat dict per rollout with slime's metric names (`rollout/raw_reward`,
 `train/pg_clipfrac`, `perf/step_time`, ...) so slime users find familiar keys in the JSONL log
@@ -12,13 +13,17 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+if TYPE_CHECKING:
+    from rlkube_runtime.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,16 @@ PROMETHEUS_GAUGES: dict[str, PromSeries] = {
 
 ENGINE_RESTARTS = PromSeries("rlkube_engine_restarts_total", "Rollout engines restarted after a failure.")
 
+# `eval/<dataset>/<key>` -> a gauge labelled `rljob` and `dataset`.
+EVAL_GAUGES: dict[str, PromSeries] = {
+    "reward": PromSeries("rlkube_eval_reward", "Mean reward of the last evaluation, per eval dataset."),
+    "accuracy": PromSeries("rlkube_eval_accuracy", "Share of correct (reward > 0) eval responses, per eval dataset."),
+    "response_len/mean": PromSeries("rlkube_eval_response_length_mean", "Mean eval response length in tokens, per dataset."),
+}
+# `eval/<dataset>/pass_at_<k>` -> one gauge labelled `rljob`, `dataset` and `k`.
+EVAL_PASS_AT_K = PromSeries("rlkube_eval_pass_at_k", "Unbiased pass@k of the last evaluation, per eval dataset and k.")
+_EVAL_KEY = re.compile(r"^eval/(?P<dataset>[^/]+)/(?:pass_at_(?P<k>\d+)|(?P<key>.+))$")
+
 
 class PrometheusExporter:
     """Serves the catalogue above on its own registry (several runs in one process stay apart)."""
@@ -79,6 +94,11 @@ class PrometheusExporter:
             ENGINE_RESTARTS.name.removesuffix("_total"), ENGINE_RESTARTS.help, ["rljob"], registry=self.registry
         )
         self._engine_restarts.labels(job_name)  # the series exists (at 0) before the first restart
+        self._eval = {
+            key: Gauge(series.name, series.help, ["rljob", "dataset"], registry=self.registry)
+            for key, series in EVAL_GAUGES.items()
+        }
+        self._pass_at_k = Gauge(EVAL_PASS_AT_K.name, EVAL_PASS_AT_K.help, ["rljob", "dataset", "k"], registry=self.registry)
         self.port = None
         if port is not None:
             server, _thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
@@ -89,6 +109,11 @@ class PrometheusExporter:
             gauge = self._gauges.get(key)
             if gauge is not None and _is_number(value):
                 gauge.labels(self.job_name).set(float(value))
+            elif _is_number(value) and (match := _EVAL_KEY.match(key)):
+                if match["k"] is not None:
+                    self._pass_at_k.labels(self.job_name, match["dataset"], match["k"]).set(float(value))
+                elif match["key"] in self._eval:
+                    self._eval[match["key"]].labels(self.job_name, match["dataset"]).set(float(value))
 
     def count_engine_restarts(self, n: int = 1) -> None:
         self._engine_restarts.labels(self.job_name).inc(n)
@@ -104,6 +129,7 @@ class MetricsLogger:
         *,
         prometheus_port: int | None = None,
         tensorboard: bool = True,
+        trackers: Sequence[Tracker] = (),
         stream=sys.stdout,
     ):
         self.log_dir = Path(log_dir)
@@ -112,6 +138,7 @@ class MetricsLogger:
         self.prometheus = PrometheusExporter(job_name, prometheus_port)
         self._stream = stream
         self._tb = _open_tensorboard(self.log_dir / "tensorboard") if tensorboard else None
+        self._trackers = list(trackers)
         self._started = time.monotonic()
 
     def log(self, rollout_id: int, metrics: Mapping[str, Any]) -> None:
@@ -124,12 +151,22 @@ class MetricsLogger:
                 if _is_number(value):
                     self._tb.add_scalar(key, float(value), rollout_id)
             self._tb.flush()
+        for tracker in self._trackers:
+            try:
+                tracker.log(rollout_id, metrics)
+            except Exception as err:  # noqa: BLE001 - a tracker's outage must not stop training
+                log.warning("%s could not log rollout %d: %s", type(tracker).__name__, rollout_id, err)
         self._stream.write(format_progress_line(rollout_id, metrics, time.monotonic() - self._started) + "\n")
         self._stream.flush()
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        for tracker in self._trackers:
+            try:
+                tracker.close()
+            except Exception as err:  # noqa: BLE001 - closing must not hide how the run ended
+                log.warning("%s did not close cleanly: %s", type(tracker).__name__, err)
 
 
 def format_progress_line(rollout_id: int, metrics: Mapping[str, Any], elapsed: float) -> str:

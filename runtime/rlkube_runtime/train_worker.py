@@ -61,6 +61,7 @@ class TrainerWorker:
         self.backend = TorchBackend(self.config, device=device if device == "cpu" else None)
         self.rank = rank
         self._sender = None  # a weight_sync.WeightSender, made at the first push
+        self._last_advantages: list[torch.Tensor] = []
 
     def ready(self) -> bool:
         return True
@@ -103,6 +104,7 @@ class TrainerWorker:
             grpo_std_normalization=algo.grpo_std_normalization,
         )
         batch = batch.with_fields(advantages=[a.float() for a in advantages])
+        self._last_advantages = batch.advantages
 
         steps = [self.backend.train_step(step) for step in batch.global_batches(self.spec.global_batch_size)]
         metrics = {f"train/{key}": sum(s[key] for s in steps) / len(steps) for key in steps[0]}
@@ -112,6 +114,11 @@ class TrainerWorker:
                 batch.old_log_probs, batch.rollout_log_probs, batch.loss_masks
             )
         return metrics
+
+    def last_advantages(self, count: int) -> list[list[float]]:
+        """The per-token advantages of the first `count` samples of the last trained rollout (for
+        the rollout dump)."""
+        return [a.tolist() for a in self._last_advantages[:count]]
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         return self.backend.export_weights()

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
@@ -41,14 +41,14 @@ def write_local_tiny(tmp_path: Path, name: str, **overrides) -> Path:
     return path
 
 
-def rlkube_run_command(job: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "rlkube_runtime.cli", "run", str(job), "--output-dir", str(out)]
+def rlkube_run_command(job: Path, out: Path, args: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "rlkube_runtime.cli", "run", str(job), "--output-dir", str(out), *args]
 
 
 class LocalRun:
     """`rlkube run` in its own process group (so a test can kill all of it), output in `log_path`."""
 
-    def __init__(self, job: Path, out: Path, env: dict[str, str] | None = None):
+    def __init__(self, job: Path, out: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()):
         self.out = out
         attempt = 1  # a resumed run writes into the same output directory: one log per start
         while (out.parent / f"{out.name}.run{attempt}.log").exists():
@@ -56,7 +56,7 @@ class LocalRun:
         self.log_path = out.parent / f"{out.name}.run{attempt}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                rlkube_run_command(job, out),
+                rlkube_run_command(job, out, args),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -99,8 +99,9 @@ class LocalRun:
         raise AssertionError(f"{why}\n--- run output ---\n{self.output[-4000:]}\n{report}")
 
 
-def start_run(job: Path, out: Path, env: dict[str, str] | None = None) -> LocalRun:
-    return LocalRun(job, out, env)
+def start_run(job: Path, out: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()) -> LocalRun:
+    """`rlkube run job --output-dir out *args`."""
+    return LocalRun(job, out, env, args)
 
 
 # The run's own processes: the driver, its actors and the engines (not Ray's agents and daemons).

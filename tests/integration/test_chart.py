@@ -279,8 +279,8 @@ def test_helm_uninstall_removes_what_it_installed_but_keeps_the_crd(release):
 
 @pytest.mark.slow
 def test_every_training_panel_returns_data_from_a_real_run(tmp_path):
-    """`rlkube run` of local-tiny (15 rollouts, KL loss on so rlkube_kl moves, a checkpoint every 3
-    rollouts) serving /metrics, scraped every second by the real Prometheus; every query of the
+    """`rlkube run` of local-tiny (15 rollouts, KL loss on so rlkube_kl moves, a checkpoint and an
+    evaluation every 3 rollouts) serving /metrics, scraped every second by the real Prometheus; every query of the
     training dashboard returns data once the run has logged several rollouts."""
     job = write_local_tiny(
         tmp_path,
@@ -290,6 +290,9 @@ def test_every_training_panel_returns_data_from_a_real_run(tmp_path):
             "spec.checkpoint.interval": 3,
             "spec.algorithm.useKlLoss": True,
             "spec.algorithm.klLossCoef": 0.001,
+            # The eval panels: per-dataset reward, accuracy, length and pass@k.
+            "spec.eval": {"interval": 3, "datasets": [
+                {"name": "successor", "path": "builtin:digit-successor", "nSamples": 4, "passK": [1, 4]}]},
         },
     )
     out = tmp_path / "out"

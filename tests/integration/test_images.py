@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGES = {
     "images/operator.Dockerfile": (False, ["rlkube_operator.main", "rlkube_runtime.spec", "kopf", "kubernetes"]),
     "Dockerfile.trainer": (True, ["rlkube_runtime.driver", "rlkube_runtime.train_worker", "rlkube_runtime.status_report",
-                                  "kubernetes", "ray", "megatron.core"]),
+                                  "kubernetes", "ray", "megatron.core", "wandb", "mlflow"]),
     "Dockerfile.rollout": (True, ["rlkube_runtime.rollout.manager", "rlkube_runtime.status_report", "kubernetes",
                                   "sglang_router"]),
 }

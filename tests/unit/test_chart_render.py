@@ -117,9 +117,9 @@ def exported_series() -> tuple[set[str], set[str]]:
     """(runtime series, operator series) under the names Prometheus stores them."""
     from prometheus_client import Counter, Gauge, Histogram
     from rlkube_operator import metrics as operator_metrics
-    from rlkube_runtime.metrics import ENGINE_RESTARTS, PROMETHEUS_GAUGES
+    from rlkube_runtime.metrics import ENGINE_RESTARTS, EVAL_GAUGES, EVAL_PASS_AT_K, PROMETHEUS_GAUGES
 
-    runtime = {s.name for s in PROMETHEUS_GAUGES.values()} | {ENGINE_RESTARTS.name}
+    runtime = {s.name for s in (*PROMETHEUS_GAUGES.values(), *EVAL_GAUGES.values(), ENGINE_RESTARTS, EVAL_PASS_AT_K)}
     operator = set()
     for collector in vars(operator_metrics).values():
         if isinstance(collector, Counter):

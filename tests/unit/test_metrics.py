@@ -47,3 +47,22 @@ def test_tensorboard_gets_every_numeric_metric_at_its_rollout_step(tmp_path):
     events.Reload()
     assert set(events.Tags()["scalars"]) == {"rollout/raw_reward", "perf/step_time"}
     assert [(e.step, e.value) for e in events.Scalars("rollout/raw_reward")] == [(0, 0.25), (1, 0.75)]
+
+
+def test_eval_metrics_reach_prometheus_per_dataset_and_k(tmp_path):
+    logger = MetricsLogger("demo", tmp_path, prometheus_port=0, tensorboard=False, stream=io.StringIO())
+    logger.log(9, {
+        "eval/math/reward": 0.25, "eval/math/accuracy": 0.375, "eval/math/pass_at_1": 0.375,
+        "eval/math/pass_at_4": 1.0, "eval/math/response_len/mean": 4.0, "eval/code/pass_at_4": 0.5,
+        "eval/reward": 0.25, "eval/math/num_prompts": 2.0,
+    })
+    body = urllib.request.urlopen(f"http://127.0.0.1:{logger.prometheus.port}/metrics", timeout=5).read().decode()
+    # The exposition format lists labels in name order.
+    assert 'rlkube_eval_reward{dataset="math",rljob="demo"} 0.25' in body
+    assert 'rlkube_eval_accuracy{dataset="math",rljob="demo"} 0.375' in body
+    assert 'rlkube_eval_response_length_mean{dataset="math",rljob="demo"} 4.0' in body
+    assert 'rlkube_eval_pass_at_k{dataset="math",k="1",rljob="demo"} 0.375' in body
+    assert 'rlkube_eval_pass_at_k{dataset="math",k="4",rljob="demo"} 1.0' in body
+    assert 'rlkube_eval_pass_at_k{dataset="code",k="4",rljob="demo"} 0.5' in body
+    assert "num_prompts" not in body
+    logger.close()

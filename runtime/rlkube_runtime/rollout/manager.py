@@ -19,6 +19,7 @@ from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.data.source import PromptSource
 from rlkube_runtime.plugins import load_callable
 from rlkube_runtime.rewards.hub import compute_rewards
+from rlkube_runtime.rewards.pass_at_k import eval_dataset_metrics
 from rlkube_runtime.rollout.engine_actor import EngineActor, engine_actor_options
 from rlkube_runtime.rollout.generate import (
     GenerateContext,
@@ -213,7 +214,8 @@ class RolloutManager:
         return [s.to_dict() for s in samples], result.metrics
 
     async def evaluate(self, rollout_id: int) -> dict[str, float]:
-        """Mean reward on each eval dataset (`eval/<name>/reward`) and over all of them (`eval/reward`)."""
+        """Per eval dataset `eval/<name>/{reward, accuracy, pass_at_<k>, response_len/mean, truncated_ratio,
+        num_prompts}`, and the mean reward over all datasets (`eval/reward`)."""
         from rlkube_runtime.data.dataset import load_prompt_dataset_from_spec
 
         spec = self.spec
@@ -242,9 +244,19 @@ class RolloutManager:
             generate_one = self._custom_generate or generate_sample
             await self._unless_failed(asyncio.gather(*(generate_one(ctx, s) for s in samples)))
             rewards = await compute_rewards(samples, spec.reward, remote_client=self._reward_client)
-            metrics[f"eval/{dataset.name}/reward"] = sum(float(r) for r in rewards) / len(rewards)
-        if metrics:
-            metrics["eval/reward"] = sum(metrics.values()) / len(metrics)
+            by_prompt: dict[Any, list[float]] = {}
+            for s, r in zip(samples, rewards):
+                by_prompt.setdefault(s.group_index, []).append(float(r))
+            metrics.update(eval_dataset_metrics(
+                dataset.name,
+                list(by_prompt.values()),
+                response_lengths=[s.response_length for s in samples],
+                truncated=[s.status == Sample.Status.TRUNCATED for s in samples],
+                pass_k=dataset.pass_k,
+            ))
+        names = [d.name for d in spec.eval.datasets]
+        if names:
+            metrics["eval/reward"] = sum(metrics[f"eval/{n}/reward"] for n in names) / len(names)
         return metrics
 
     # -- weights --------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from .eval import EvalDatasetSpec, EvalSpec
 from .fault_tolerance import FaultToleranceSpec, HealthCheckSpec
 from .load import SpecError, load_rljob, load_rljobs, parse_rljob
 from .model import ModelSpec
+from .observability import MlflowSpec, ObservabilitySpec, WandbSpec
 from .parallelism import ParallelismSpec
 from .resources import ResourcesSpec, RolloutResources, TrainerResources
 from .reward import RewardSpec, RewardType
@@ -52,8 +53,10 @@ __all__ = [
     "KlLossType",
     "LastCheckpoint",
     "LastMetrics",
+    "MlflowSpec",
     "ModelSpec",
     "ObjectMeta",
+    "ObservabilitySpec",
     "OptimizerSpec",
     "ParallelismSpec",
     "Progress",
@@ -73,6 +76,7 @@ __all__ = [
     "TisSpec",
     "TrainerResources",
     "TrainingSpec",
+    "WandbSpec",
     "batch_violations",
     "builtin_task_name",
     "format_progress",

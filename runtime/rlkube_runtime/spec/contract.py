@@ -23,8 +23,8 @@ ROUTER_RESOURCE = "rlkube_router"
 # Environment the operator sets in every pod of an attempt.
 ENV_RLJOB_NAME = "RLKUBE_RLJOB_NAME"  # which RLJob the runtime reports status to
 ENV_RLJOB_NAMESPACE = "RLKUBE_RLJOB_NAMESPACE"
+ENV_ATTEMPT = "RLKUBE_ATTEMPT"  # which start of the RLJob this is (its RayJob is <name>-<attempt>)
 ENV_METRICS_PORT = "RLKUBE_METRICS_PORT"  # where the driver serves its Prometheus series
-ENV_ATTEMPT = "RLKUBE_ATTEMPT"  # the attempt (restarts.job) the pods belong to
 
 # The head pod serves the training metrics on this port, named for the chart's PodMonitor.
 METRICS_PORT = 9464

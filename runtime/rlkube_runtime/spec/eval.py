@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 from pydantic import Field, model_validator
 
-from .base import SpecModel, cross_field_error
+from .base import SpecModel, cel_rules, cross_field_error
 from .data import DataPath
+
+
+# On spec.eval, not on each dataset: a rule under a list is multiplied by its length in the API
+# server's cost estimate (both lists are bounded: 64 datasets x 16 k values).
+_PASS_K_RULE = {
+    "rule": "!has(self.datasets) || self.datasets.all(d, !has(d.passK) || d.passK.all(k, k <= d.nSamples))",
+    "message": "datasets[].passK: every k must be <= that dataset's nSamples: pass@k is estimated from nSamples "
+    "responses per prompt",
+    "fieldPath": ".datasets",
+}
 
 
 class EvalDatasetSpec(SpecModel):
@@ -28,10 +38,19 @@ class EvalDatasetSpec(SpecModel):
     top_p: Optional[float] = Field(default=None, gt=0, le=1, description="Nucleus sampling mass. Default: rollout.topP; in (0, 1].")
     input_key: Optional[str] = Field(default=None, min_length=1, description="Prompt key. Default: data.inputKey.")
     label_key: Optional[str] = Field(default=None, min_length=1, description="Label key. Default: data.labelKey.")
+    pass_k: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="k values of pass@k (eval/<name>/pass_at_<k>): the chance that at least one of k responses to a "
+        "prompt is correct (reward > 0), estimated without bias from the nSamples responses per prompt and averaged "
+        "over prompts. Each 1 <= k <= nSamples. Default: none.",
+    )
 
 
 class EvalSpec(SpecModel):
     """When to evaluate and on what."""
+
+    model_config = cel_rules(_PASS_K_RULE)
 
     interval: Optional[int] = Field(
         default=None,
@@ -47,10 +66,21 @@ class EvalSpec(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _check_unique_names(self) -> "EvalSpec":
+    def _check_datasets(self) -> "EvalSpec":
+        """Unique names; every passK within its dataset's nSamples."""
         seen: set[str] = set()
         for i, dataset in enumerate(self.datasets):
             if dataset.name in seen:
                 raise cross_field_error([(f"datasets[{i}].name", f"duplicate dataset name {dataset.name!r}; names must be unique")])
             seen.add(dataset.name)
+        too_large = [(i, d, [k for k in d.pass_k if k > d.n_samples]) for i, d in enumerate(self.datasets)]
+        # Reported at `datasets`, where the CRD's rule reports it too.
+        problems = [
+            f"datasets[{i}] ({d.name}): passK {ks} > nSamples({d.n_samples}); pass@k is estimated from nSamples "
+            "responses per prompt: raise nSamples or lower k"
+            for i, d, ks in too_large
+            if ks
+        ]
+        if problems:
+            raise cross_field_error([("datasets", "; ".join(problems))])
         return self

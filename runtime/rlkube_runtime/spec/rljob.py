@@ -17,6 +17,7 @@ from .data import DataSpec
 from .eval import EvalSpec
 from .fault_tolerance import FaultToleranceSpec
 from .model import ModelSpec
+from .observability import ObservabilitySpec
 from .parallelism import ParallelismSpec
 from .resources import ResourcesSpec
 from .reward import RewardSpec
@@ -93,6 +94,9 @@ class RLJobSpec(SpecModel):
         rules=(immutable("parallelism"),),
     )
     eval: EvalSpec = section(EvalSpec, "Periodic evaluation. Default: none.")
+    observability: ObservabilitySpec = section(
+        ObservabilitySpec, "Experiment trackers (W&B, MLflow; off unless set) and rollout dumps."
+    )
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint cadence and retention.")
     resources: ResourcesSpec = section(ResourcesSpec, "Placement, pods, volumes and environment.")
     fault_tolerance: FaultToleranceSpec = section(FaultToleranceSpec, "Engine health checks and restart budgets.")

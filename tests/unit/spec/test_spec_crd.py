@@ -318,6 +318,8 @@ CROSS_FIELD_CASES = [
     ({"reward": {"type": "custom"}}, "spec.reward.customPath", True),
     ({"reward": {"type": "remote"}}, "spec.reward.url", True),
     ({"model": {"dtype": "float32"}}, "spec.model", True),
+    ({"eval": {"interval": 1, "datasets": [{"name": "a", "path": "builtin:digit-successor", "nSamples": 4, "passK": [1, 8]}]}},
+     "spec.eval.datasets", False),
     ({"resources": {"placement": "separate", "rollout": {"gpus": 6}}, "rollout": {"batchSize": 16, "gpusPerEngine": 4}},
      "spec.resources.rollout.gpus", True),
     # what a trainer backend cannot honour (backend_rules.py)

@@ -1,0 +1,115 @@
+"""What `make run` and `make test` need on a fresh machine, checked before they install anything.
+
+    python3 scripts/check_prereqs.py run     # Python >= 3.10 with pip
+    python3 scripts/check_prereqs.py test    # Python >= 3.11 with pip; Go >= 1.24 unless the test
+                                             # control plane is already built; prometheus and
+                                             # promtool, or apt-get to install them
+
+Each missing piece is named with the command that provides it; the exit code is 1 when any is
+missing. The Go minimum is read from the control plane's go.mod files, so it cannot drift from
+them. Written for old interpreters too (no f-strings): its job is to say the Python is too old.
+"""
+
+from __future__ import print_function
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONTROLPLANE = os.path.join(REPO, "tests", "controlplane")
+
+RUN_PYTHON = (3, 10)  # pyproject.toml's requires-python
+TEST_PYTHON = (3, 11)  # the tests read pyproject.toml with tomllib (3.11+)
+
+
+def go_minimum():
+    """The highest `go` directive of the control plane's wrapper modules, as (major, minor)."""
+    versions = []
+    for path in glob.glob(os.path.join(CONTROLPLANE, "*", "go.mod")):
+        with open(path) as f:
+            match = re.search(r"^go (\d+)\.(\d+)", f.read(), re.M)
+        if match:
+            versions.append((int(match.group(1)), int(match.group(2))))
+    return max(versions) if versions else (1, 24)
+
+
+def check_python(minimum):
+    problems = []
+    if sys.version_info[:2] < minimum:
+        problems.append(
+            "Python %d.%d or newer is needed, this is %d.%d (%s); install it (e.g. apt-get install python3.11, "
+            "or pyenv) and run make with PYTHON=/path/to/python3.11"
+            % (minimum + sys.version_info[:2] + (sys.executable,))
+        )
+    if subprocess.call([sys.executable, "-m", "pip", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+        problems.append(
+            "pip is missing for %s: apt-get install python3-pip (or %s -m ensurepip)" % (sys.executable, sys.executable)
+        )
+    return problems
+
+
+def controlplane_built():
+    """True when every control-plane binary is cached (then Go is not needed)."""
+    sys.path.insert(0, CONTROLPLANE)
+    try:
+        import harness  # stdlib only
+
+        return not harness.missing_binaries()
+    except Exception:  # an unreadable cache means a build
+        return False
+    finally:
+        sys.path.pop(0)
+
+
+def check_go():
+    minimum = go_minimum()
+    if controlplane_built():
+        return []
+    go = shutil.which("go")
+    if go is None:
+        return [
+            "Go %d.%d or newer is needed to build the test control plane (tests/controlplane/build.sh, "
+            "about 18 minutes the first time, cached after): install it from https://go.dev/dl/ and put go on PATH"
+            % minimum
+        ]
+    output = subprocess.run([go, "version"], stdout=subprocess.PIPE, universal_newlines=True).stdout
+    match = re.search(r"go(\d+)\.(\d+)", output)
+    if match and (int(match.group(1)), int(match.group(2))) < minimum:
+        return ["Go %d.%d or newer is needed to build the test control plane; %s is %s"
+                % (minimum + (go, output.strip()))]
+    return []
+
+
+def check_prometheus():
+    if os.environ.get("RLKUBE_SKIP_PROMETHEUS") == "1" or (shutil.which("prometheus") and shutil.which("promtool")):
+        return []
+    if not shutil.which("apt-get"):
+        return ["prometheus and promtool (2.x) are needed by the dashboard and alert tests and there is no apt-get "
+                "to install them: put both on PATH (https://prometheus.io/download/)"]
+    if os.geteuid() != 0 and not shutil.which("sudo"):
+        return ["prometheus and promtool are needed and installing them needs root: sudo apt-get install -y prometheus"]
+    return []  # tests/controlplane/build.sh installs them with apt-get
+
+
+def main(argv):
+    if len(argv) != 2 or argv[1] not in ("run", "test"):
+        print("usage: %s run|test" % argv[0], file=sys.stderr)
+        return 2
+    target = argv[1]
+    if target == "run":
+        problems = check_python(RUN_PYTHON)
+    else:
+        problems = check_python(TEST_PYTHON) + check_go() + check_prometheus()
+        if not shutil.which("flock"):
+            problems.append("flock is missing (tests/controlplane/build.sh locks its cache with it): apt-get install util-linux")
+    for problem in problems:
+        print("make %s: missing prerequisite: %s" % (target, problem), file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
