@@ -97,6 +97,11 @@ class MegatronBackend:
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
+        if self.cpu and self.pp_size > 1:
+            raise ValueError(
+                "spec.parallelism.pipeline: > 1 needs GPUs (megatron-core's pipeline schedule allocates on CUDA); "
+                "use 1 on a CPU trainer"
+            )
         torch.manual_seed(config.seed)
         _seed_model_parallel(config.seed, cpu=self.cpu)
 
@@ -338,6 +343,27 @@ class MegatronBackend:
     # -- one schedule run -----------------------------------------------------------------
 
     def _run(self, module: torch.nn.Module, micro: list[dict[str, Any]], *, forward_only: bool, loss) -> list[Any]:
+        """Forward (and backward) every micro-batch; returns what `loss` reported for each.
+
+        Pipelined: megatron-core's 1F1B schedule. Otherwise the same steps in a plain loop (the
+        schedule's no-pipelining variant allocates on CUDA, and this loop also runs on CPU):
+        the loss divided by the micro-batch count, as the schedule does, gradients synchronised
+        after the last micro-batch.
+        """
+        if self.pp_size == 1:
+            reported = []
+            for k, mb in enumerate(micro):
+                sync = k == len(micro) - 1 or forward_only
+                with contextlib.nullcontext() if sync or self.cpu else module.no_sync():
+                    output = module(mb["input_ids"], mb["position_ids"], mb["attention_mask"])
+                    value, report = loss(mb, output)
+                    if not forward_only:
+                        (value / len(micro)).backward()
+                reported.append(report)
+            if not forward_only and self.tconfig.finalize_model_grads_func is not None:
+                self.tconfig.finalize_model_grads_func([module])
+            return reported
+
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator, model):

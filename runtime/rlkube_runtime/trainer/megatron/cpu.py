@@ -2,8 +2,9 @@
 
 megatron-core allocates a few tensors with `device=torch.cuda.current_device()` (rotary
 frequencies, all-gather outputs, attention buffers) and keeps its dropout streams as CUDA
-generator states. On a CPU-only host `enable_cpu_mode` points both at the CPU: current_device
-answers "cpu", and the RNG tracker keeps CPU generator states. It is only ever applied when
+generator states, and dist_checkpointing synchronises CUDA after its copies. On a CPU-only host
+`enable_cpu_mode` points these at the CPU: current_device answers "cpu", synchronize does
+nothing (CPU copies are done when they return), and the RNG tracker keeps CPU generator states. It is only ever applied when
 CUDA is unavailable, where nothing else in the process could use CUDA anyway; on a GPU host
 megatron-core runs untouched.
 
@@ -29,6 +30,7 @@ def enable_cpu_mode(seed: int) -> None:
 
     if not _ENABLED:
         torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+        torch.cuda.synchronize = lambda *args, **kwargs: None  # dist_checkpointing's save waits on copies
         mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
         mrandom._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
         _ENABLED = True
