@@ -27,14 +27,21 @@ SUPPORTED_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_p
 
 def check_trainer_supports(spec: RLJobSpec) -> None:
     """Fail at start, naming the field, for settings this trainer cannot honour."""
-    if spec.training.backend != "torch":
-        raise ValueError(
-            f"spec.training.backend: {spec.training.backend!r} is not available in this runtime; use 'torch'"
-        )
+    backend = spec.training.backend
+    if backend not in ("torch", "megatron"):
+        raise ValueError(f"spec.training.backend: {backend!r} is not available in this runtime; use 'torch' or 'megatron'")
+    if backend == "megatron":
+        try:
+            import megatron.core  # noqa: F401
+        except ImportError as err:
+            raise ValueError(
+                "spec.training.backend: 'megatron' needs megatron-core in the runtime image "
+                f"(pip install 'rlkube[megatron]'): {err}"
+            ) from err
     estimator = spec.algorithm.advantage_estimator
     if estimator not in SUPPORTED_ESTIMATORS:
         raise ValueError(
-            f"spec.algorithm.advantageEstimator: {estimator!r} needs a critic model, which the torch "
+            f"spec.algorithm.advantageEstimator: {estimator!r} needs a critic model, which the {backend} "
             f"trainer backend does not have; use one of {list(SUPPORTED_ESTIMATORS)}"
         )
 
@@ -63,9 +70,23 @@ class TrainerWorker:
         # The model comes from the driver (a built tiny checkpoint, the HF checkpoint, or the
         # weights of a resumed run), not from spec.model.hfCheckpoint.
         self.config = TrainerConfig.from_spec(self.spec, hf_checkpoint=hf_checkpoint)
-        self.backend = TorchBackend(self.config, device=device if device == "cpu" else None)
+        self.megatron = self.spec.training.backend == "megatron"
+        if self.megatron:
+            from rlkube_runtime.trainer.megatron.backend import MegatronBackend
+            from rlkube_runtime.trainer.megatron.model import ParallelSizes
+
+            self.backend = MegatronBackend(
+                self.config,
+                ParallelSizes.from_spec(self.spec),
+                megatron_args=dict(self.spec.model.megatron_args),
+                device=device if device == "cpu" else None,
+            )
+        else:
+            self.backend = TorchBackend(self.config, device=device if device == "cpu" else None)
         self.rank = rank
         self._sender = None  # a weight_sync.WeightSender, made at the first push
+        # Megatron: the HF-named weights of the last `stage_weights`, what pushes send.
+        self._staged: dict[str, torch.Tensor] | None = None
 
     def ready(self) -> bool:
         return True
@@ -121,6 +142,20 @@ class TrainerWorker:
     def export_weights(self) -> dict[str, torch.Tensor]:
         return self.backend.export_weights()
 
+    def stage_weights(self) -> None:
+        """Megatron: gather the current weights (collective over every trainer rank) for the
+        pushes that follow, which run on the pushing ranks alone. The torch backend needs
+        nothing: every rank holds the whole model."""
+        if self.megatron:
+            self._staged = self.backend.export_weights()
+
+    def save_distributed(self, directory: str) -> None:
+        """Megatron: this rank's shards of model and optimizer and its RNG into `directory` (collective)."""
+        self.backend.save_distributed(directory)
+
+    def load_distributed(self, directory: str) -> None:
+        self.backend.load_distributed(directory)
+
     def push_weights(self, urls: list[str], transport: str, version: str, disk_dir: str | None = None) -> dict[str, Any]:
         """Load this rank's weights into the engines at `urls` (paused and flushed by the rollout
         manager); returns the `weight_sync.SyncReport` as a dict."""
@@ -133,7 +168,7 @@ class TrainerWorker:
             from rlkube_runtime.weight_sync import WeightSender
 
             self._sender = WeightSender(
-                self.backend.model,
+                _StagedWeights(self) if self.megatron else self.backend.model,
                 dtype=getattr(torch, engine_dtype(self.spec.model.dtype, self.backend.device.type)),
                 bucket_bytes=self.spec.training.update_weight_buffer_mb << 20,
                 device=self.backend.device,
@@ -144,7 +179,19 @@ class TrainerWorker:
         return self._sender
 
     def save_hf(self, directory: str) -> str:
+        if self.megatron:
+            from rlkube_runtime.trainer.megatron.backend import write_hf_directory
+
+            write_hf_directory(self._staged_weights(), directory, self.config.model.hf_checkpoint,
+                               trust_remote_code=self.config.model.trust_remote_code,
+                               tied=self.backend.arch.tie_word_embeddings)
+            return directory
         return str(self.backend.save_hf(directory))
+
+    def _staged_weights(self) -> dict[str, torch.Tensor]:
+        if self._staged is None:
+            raise RuntimeError("no staged weights: the driver calls stage_weights on every trainer rank before a push")
+        return self._staged
 
     def state_dict(self) -> dict[str, Any]:
         return self.backend.state_dict()
@@ -166,6 +213,18 @@ class TrainerWorker:
 
     def resume_memory(self) -> None:
         self.backend.resume_memory()
+
+
+class _StagedWeights(torch.nn.Module):
+    """What the weight sender reads for the megatron backend: the staged HF-named tensors as a
+    module's state dict (tied tensors are one tensor, so the sender sends them once)."""
+
+    def __init__(self, worker: TrainerWorker):
+        super().__init__()
+        self._worker = worker
+
+    def state_dict(self, *args, **kwargs):  # noqa: ARG002 - the sender's keep_vars changes nothing here
+        return dict(self._worker._staged_weights())
 
 
 def to_train_batch(samples: list[Sample]) -> TrainBatch:

@@ -15,6 +15,7 @@ as far as megatron's resharding allows (torch_dist reshards tensor-parallel spli
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,13 +34,16 @@ def save_trainer_state(backend: MegatronBackend, directory: Path) -> None:
     """Collective: write `backend`'s model, optimizer, schedule and every rank's RNG into `directory`."""
     from megatron.core import dist_checkpointing
 
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "rng").mkdir(exist_ok=True)
+    if dist.get_rank() == 0:
+        directory.mkdir(parents=True, exist_ok=True)  # empty: megatron warns about anything already there
     dist.barrier()
     state = _sharded_state(backend, is_loading=False)
     dist_checkpointing.save(state, str(directory))
+    (directory / "rng").mkdir(exist_ok=True)
     with open(directory / "rng" / f"rank_{dist.get_rank()}.pt", "wb") as f:
         torch.save(_rng_state(), f)
+        f.flush()
+        os.fsync(f.fileno())
     dist.barrier()
 
 
