@@ -38,6 +38,29 @@ def check_trainer_supports(spec: RLJobSpec) -> None:
                 "spec.training.backend: 'megatron' needs megatron-core in the runtime image "
                 f"(pip install 'rlkube[megatron]'): {err}"
             ) from err
+    par = spec.parallelism
+    if backend == "torch":
+        # Those settings are Megatron's; the torch backend would silently ignore them.
+        for field, value, plain in (("tensor", par.tensor, 1), ("pipeline", par.pipeline, 1), ("context", par.context, 1),
+                                    ("expert", par.expert, 1), ("sequenceParallel", par.sequence_parallel, False),
+                                    ("recompute", par.recompute, "none")):
+            if value != plain:
+                raise ValueError(
+                    f"spec.parallelism.{field}: {value!r} needs spec.training.backend: megatron; the torch backend "
+                    f"runs data-parallel replicas only (leave it at {plain!r})"
+                )
+        if spec.model.megatron_args:
+            raise ValueError("spec.model.megatronArgs: set, but spec.training.backend is torch; they need megatron")
+    else:
+        if par.expert != 1:
+            raise ValueError(f"spec.parallelism.expert: {par.expert} needs a mixture-of-experts model, which the "
+                             "megatron backend does not build (Llama, Qwen2, Qwen3 dense models); use 1")
+        if par.context != 1:
+            raise ValueError(f"spec.parallelism.context: {par.context} needs TransformerEngine's attention, which the "
+                             "megatron backend does not use (it runs megatron-core's local layer spec); use 1")
+        if spec.model.dtype == "float16":
+            raise ValueError("spec.model.dtype: float16 needs loss scaling, which the megatron backend does not do; "
+                             "use bfloat16 (or float32)")
     estimator = spec.algorithm.advantage_estimator
     if estimator not in SUPPORTED_ESTIMATORS:
         raise ValueError(
