@@ -105,6 +105,7 @@ class MegatronBackend:
         torch.manual_seed(config.seed)
         _seed_model_parallel(config.seed, cpu=self.cpu)
 
+        self._positions: tuple[torch.Tensor, torch.Tensor] | None = None  # see _only_response_positions
         self.model = self._build(config.model.hf_checkpoint)  # the GPTModel (this rank's shard)
         self.ref_model = None
         if config.loss.needs_ref_model:
@@ -299,6 +300,8 @@ class MegatronBackend:
     def _build(self, hf_dir: str) -> torch.nn.Module:
         model = build_gpt_model(self.tconfig, self.arch, pre_process=self.first_stage, post_process=self.last_stage)
         load_hf_into(model, hf_dir, self.arch, tp_rank=self.tp_rank, tp_size=self.tp_size)
+        if self.last_stage and not self.sizes.sequence_parallel:
+            model.output_layer.register_forward_pre_hook(self._only_response_positions, with_kwargs=True)
         if not self.cpu:
             model.cuda(self.device)
         return model
@@ -355,7 +358,7 @@ class MegatronBackend:
             for k, mb in enumerate(micro):
                 sync = k == len(micro) - 1 or forward_only
                 with contextlib.nullcontext() if sync or self.cpu else module.no_sync():
-                    output = module(mb["input_ids"], mb["position_ids"], mb["attention_mask"])
+                    output = self._forward(module, mb)
                     value, report = loss(mb, output)
                     if not forward_only:
                         (value / len(micro)).backward()
@@ -368,8 +371,7 @@ class MegatronBackend:
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            output = model(mb["input_ids"], mb["position_ids"], mb["attention_mask"])
-            return output, partial(loss, mb)
+            return self._forward(model, mb), partial(loss, mb)
 
         first = micro[0]["input_ids"]
         return get_forward_backward_func()(
@@ -381,6 +383,13 @@ class MegatronBackend:
             micro_batch_size=first.shape[0],
             forward_only=forward_only,
         )
+
+    def _forward(self, module: torch.nn.Module, mb: dict[str, Any]) -> torch.Tensor:
+        self._positions = (mb["rows"], mb["cols"])
+        try:
+            return module(mb["input_ids"], mb["position_ids"], mb["attention_mask"])
+        finally:
+            self._positions = None
 
     def _micro_batch(self, batch: TrainBatch, group: list[int], index: list[int], *, weight: float = 1.0) -> dict[str, Any]:
         """One micro-batch as model inputs: right-padded rows (length rounded up to a multiple
@@ -405,9 +414,23 @@ class MegatronBackend:
             "weight": weight,
         }
 
+    def _only_response_positions(self, module, args, kwargs):
+        """Forward pre-hook of the LM head: while a micro-batch runs, hand it the hidden states
+        of the response positions only ([s, b, h] -> [ΣR, 1, h]), as the torch backend's
+        ResponseLogits does, so the [b, s, vocab] logits are never built. Not with sequence
+        parallelism, where the head's input is still split over the sequence."""
+        if self._positions is None:
+            return None
+        rows, cols = self._positions
+        hidden = args[0][cols, rows].unsqueeze(1)
+        return (hidden, *args[1:]), kwargs
+
     def _response_logits(self, mb: dict[str, Any], logits: torch.Tensor) -> torch.Tensor:
         """[ΣR, V] logits at the response positions, gathered over tensor-parallel ranks."""
-        picked = logits[mb["rows"], mb["cols"]]
+        if self.last_stage and not self.sizes.sequence_parallel:
+            picked = logits[0]  # the LM head saw the response positions only: [1, ΣR, V/tp]
+        else:
+            picked = logits[mb["rows"], mb["cols"]]
         if self.tp_size > 1:
             from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
