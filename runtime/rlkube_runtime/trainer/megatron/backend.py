@@ -482,8 +482,8 @@ class MegatronBackend:
 
     def _cpu_reduce_grads(self) -> None:
         """What megatron's finalize_model_grads does on GPU: sum gradients over data-parallel
-        ranks, over tensor-parallel ranks for sequence-parallel norms, and between the first and
-        last pipeline stage for tied embeddings."""
+        ranks, over tensor-parallel ranks for sequence-parallel and q/k norms, and between the
+        first and last pipeline stage for tied embeddings."""
         from megatron.core import parallel_state as ps
 
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -493,10 +493,20 @@ class MegatronBackend:
         if self.dp_size > 1:
             for p in params:
                 dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
-        if self.sizes.sequence_parallel:
-            for p in params:
-                if getattr(p, "sequence_parallel", False):
-                    dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+        if self.tp_size > 1:
+            # Norm weights whose inputs are split over tensor-parallel ranks (the sequence with
+            # sequence parallelism; the heads for q/k norms) get a partial gradient on each rank.
+            tp_group = ps.get_tensor_model_parallel_group()
+            for name, p in self.model.named_parameters():
+                if not p.requires_grad:
+                    continue
+                if getattr(p, "average_gradients_across_tp_domain", False):
+                    dist.all_reduce(p.grad, group=tp_group)
+                    p.grad.div_(self.tp_size)
+                elif (self.sizes.sequence_parallel and getattr(p, "sequence_parallel", False)) or (
+                    self.arch.qk_norm and ("q_layernorm" in name or "k_layernorm" in name)
+                ):
+                    dist.all_reduce(p.grad, group=tp_group)
         if self.pp_size > 1 and self.arch.tie_word_embeddings:
             shared = self.model.shared_embedding_or_output_weight()
             if shared is not None:
@@ -602,6 +612,20 @@ def load_hf_into(model: torch.nn.Module, hf_dir: str | Path, arch: HFArchitectur
             if tuple(part.shape) != tuple(param.shape):
                 raise ValueError(f"{key}: converted shape {tuple(part.shape)} != model shape {tuple(param.shape)}")
             param.copy_(part)
+            _mark_tensor_parallel(param, convert.tp_partition_dim(key))
+
+
+def _mark_tensor_parallel(param: torch.Tensor, dim: int | None) -> None:
+    """The attributes megatron-core's grad-norm and optimizer read to tell shards from copies.
+    Its layers set them only while initialising weights, which loading replaces
+    (perform_initialization=False)."""
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+    if dim is not None and not getattr(param, "tensor_model_parallel", False):
+        for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
+            if hasattr(param, attr):
+                delattr(param, attr)
+        set_tensor_model_parallel_attributes(param, True, dim, 1)
 
 
 def write_hf_directory(weights: dict[str, torch.Tensor], directory: str | Path, source: str, *,

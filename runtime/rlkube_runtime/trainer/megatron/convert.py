@@ -137,8 +137,17 @@ def tp_merge(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
 
 def is_tp_sharded(name: str) -> bool:
     """Whether tensor-parallel ranks hold different parts of `name` (else identical copies)."""
+    return tp_partition_dim(name) is not None
+
+
+def tp_partition_dim(name: str) -> int | None:
+    """The dimension tensor-parallel ranks split `name` along, None when each holds all of it."""
     suffix = _suffix(name)
-    return suffix in _COLUMN or suffix in _ROW or suffix == "mlp.linear_fc1.weight"
+    if suffix in _COLUMN or suffix == "mlp.linear_fc1.weight":
+        return 0
+    if suffix in _ROW:
+        return 1
+    return None
 
 
 def to_local_layer(name: str, offset: int) -> str:

@@ -232,14 +232,29 @@ def split_megatron_args(args: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
 
 
 def build_gpt_model(config, arch: HFArchitecture, *, pre_process: bool, post_process: bool) -> torch.nn.Module:
-    """One pipeline stage's GPTModel (local layer spec), weights uninitialised until loaded."""
+    """One pipeline stage's GPTModel, weights uninitialised until loaded.
+
+    The local layer spec, with every RMSNorm (input, pre-MLP, q/k and final) replaced by
+    `RMSNorm` below: megatron-core's own torch-norm wrapper refuses sequence parallelism
+    (its sequence-parallel norms come from apex or TransformerEngine, which rlkube does not install).
+    """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    layer = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    layer.submodules.input_layernorm = RMSNorm
+    layer.submodules.pre_mlp_layernorm = RMSNorm
+    if arch.qk_norm:
+        layer.submodules.self_attention.submodules.q_layernorm = RMSNorm
+        layer.submodules.self_attention.submodules.k_layernorm = RMSNorm
+    stage_layers = config.num_layers // config.pipeline_model_parallel_size
+    block = ModuleSpec(module=TransformerBlock,
+                       submodules=TransformerBlockSubmodules(layer_specs=[layer] * stage_layers, layer_norm=RMSNorm))
     return GPTModel(
         config=config,
-        transformer_layer_spec=spec,
+        transformer_layer_spec=block,
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=pre_process,
@@ -249,3 +264,16 @@ def build_gpt_model(config, arch: HFArchitecture, *, pre_process: bool, post_pro
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
     )
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm with megatron's norm signature. Under sequence parallelism each
+    tensor-parallel rank normalises its part of the sequence, so the weight's gradient is
+    partial there: it is marked `sequence_parallel` for megatron (and the CPU path) to sum it
+    over tensor-parallel ranks."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_ignored) -> None:
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype,
+                         device="cpu" if config.use_cpu_initialization else torch.cuda.current_device())
+        if config.sequence_parallel:
+            self.weight.sequence_parallel = True
