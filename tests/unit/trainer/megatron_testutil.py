@@ -10,9 +10,10 @@ import torch
 megatron_core = pytest.importorskip("megatron.core", reason="the megatron extra (megatron-core) is not installed")
 
 
-def tiny_hf(kind: str, out: Path, *, seed: int = 0) -> Path:
+def tiny_hf(kind: str, out: Path, *, seed: int = 0, **shape) -> Path:
     """A 2-layer Qwen3 (tied embeddings, q/k norms), Qwen2 (q/k/v biases) or Llama (untied),
-    grouped-query attention, random weights, saved with a character tokenizer."""
+    grouped-query attention, random weights, saved with a character tokenizer. `shape`
+    overrides config fields (a larger model for the GPU tests)."""
     from rlkube_runtime.tiny.model import build_char_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
@@ -26,7 +27,7 @@ def tiny_hf(kind: str, out: Path, *, seed: int = 0) -> Path:
     config_cls, model_cls, extra = classes[kind]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config_cls(**common, **extra))
+        model = model_cls(config_cls(**{**common, **extra, **shape}))
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):  # not all ones/zeros, so a swap shows
                 p.data.uniform_(0.5, 1.5) if "norm" in name else p.data.normal_(0, 0.1)

@@ -121,6 +121,7 @@ class MegatronBackend:
             self.train_module, self.optimizer = self._gpu_ddp_and_optimizer(self.train_module)
         self.schedule = LRSchedule(self.optimizer, config.optimizer)
         self._released = False
+        self._weights_offloaded = False  # GPU: the DDP weights buffer sits in host memory
 
     # -- forward passes -------------------------------------------------------------------
 
@@ -223,7 +224,12 @@ class MegatronBackend:
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """HF-named float32 CPU tensors of the whole model. Collective: every rank of the world
-        calls it and every rank receives the whole model (gathered over tensor and pipeline ranks)."""
+        calls it and every rank receives the whole model (gathered over tensor and pipeline ranks).
+        Works while the memory is released too (the weights come back to the GPU meanwhile)."""
+        with self._weights_resident():
+            return self._export_weights()
+
+    def _export_weights(self) -> dict[str, torch.Tensor]:
         from megatron.core import parallel_state as ps
 
         offset = self._layer_offset(self.model)
@@ -260,25 +266,46 @@ class MegatronBackend:
         """Collective: every rank writes its shards of model and optimizer, and its RNG streams."""
         from .checkpoint import save_trainer_state
 
-        save_trainer_state(self, Path(directory))
+        with self._resident():
+            save_trainer_state(self, Path(directory))
 
     def load_distributed(self, directory: str | Path) -> None:
         """Collective: restore what save_distributed wrote; the next train_step is identical."""
         from .checkpoint import load_trainer_state
 
-        load_trainer_state(self, Path(directory))
+        with self._resident():
+            load_trainer_state(self, Path(directory))
+
+    @contextlib.contextmanager
+    def _resident(self):
+        """Everything back on the device for the duration, then released again as it was."""
+        released, weights_kept = self._released, not self._weights_offloaded
+        self.resume_memory()
+        try:
+            yield
+        finally:
+            if released:
+                self.release_memory(keep_weights=weights_kept)
 
     # -- colocated placement --------------------------------------------------------------
 
     def release_memory(self, *, keep_weights: bool = False) -> None:
-        """Drop gradients; on GPU also move the optimizer state (and, unless `keep_weights`, the
-        weights) to the host and return the CUDA cache. Forward passes raise until resumed."""
+        """Give the GPU back: gradient buffers freed, the weights buffer (unless `keep_weights`)
+        and the reference model copied to pinned host memory, the distributed optimizer's
+        fp32 shards and moments moved to the host, the CUDA cache emptied. megatron-core's
+        buffer offload keeps every parameter a view of its buffer, so nothing is re-wired on
+        resume. On CPU only the gradients go. Forward passes raise until `resume_memory`."""
         self._zero_grad()
         if not self.cpu:
-            if hasattr(self.optimizer, "offload_to_cpu"):
-                self.optimizer.offload_to_cpu()
-            if not keep_weights:
-                self._move_weights(torch.device("cpu"))
+            torch.cuda.synchronize(self.device)
+            for buffer in self._ddp_buffers():
+                buffer.offload_to_cpu(move_params=not keep_weights, move_grads=True)
+            self._weights_offloaded = self._weights_offloaded or not keep_weights
+            self.optimizer.offload_to_cpu()
+            if self.ref_model is not None:
+                for p in self.ref_model.parameters():
+                    p.data = p.data.to("cpu")
+            torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
         self._released = True
 
@@ -286,10 +313,33 @@ class MegatronBackend:
         if not self._released:
             return
         if not self.cpu:
-            self._move_weights(self.device)
-            if hasattr(self.optimizer, "restore_from_cpu"):
-                self.optimizer.restore_from_cpu()
+            for buffer in self._ddp_buffers():
+                buffer.reload_from_cpu(move_params=True, move_grads=True)
+            self._weights_offloaded = False
+            self.optimizer.restore_from_cpu()
+            if self.ref_model is not None:
+                for p in self.ref_model.parameters():
+                    p.data = p.data.to(self.device)
+            torch.cuda.synchronize(self.device)
         self._released = False
+
+    @contextlib.contextmanager
+    def _weights_resident(self):
+        """The weights on the GPU for the duration (they were offloaded by release_memory)."""
+        if self.cpu or not self._weights_offloaded:
+            yield
+            return
+        for buffer in self._ddp_buffers():
+            buffer.reload_from_cpu(move_params=True, move_grads=False)
+        try:
+            yield
+        finally:
+            for buffer in self._ddp_buffers():
+                buffer.offload_to_cpu(move_params=True, move_grads=False)
+            torch.cuda.empty_cache()
+
+    def _ddp_buffers(self) -> list:
+        return list(self.train_module.buffers) + list(getattr(self.train_module, "expert_parallel_buffers", []))
 
     @property
     def memory_released(self) -> bool:
@@ -580,13 +630,6 @@ class MegatronBackend:
     def _layer_offset(model: torch.nn.Module) -> int:
         layers = model.decoder.layers
         return layers[0].layer_number - 1 if len(layers) else 0
-
-    def _move_weights(self, device: torch.device) -> None:
-        for module in [self.model] + ([self.ref_model] if self.ref_model is not None else []):
-            for p in module.parameters():
-                p.data = p.data.to(device, non_blocking=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
 
     def _to_device(self, tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
         return None if tensors is None else [t.to(self.device, non_blocking=True) for t in tensors]
