@@ -327,7 +327,8 @@ def _stage_weights(job: Job) -> None:
     import ray
 
     if job.spec.training.backend == "megatron":
-        ray.get([t.stage_weights.remote() for t in job.trainers])
+        pushers = set(job.pushers[0])
+        ray.get([t.stage_weights.remote(keep=rank in pushers) for rank, t in enumerate(job.trainers)])
 
 
 class _Rollouts:

@@ -165,12 +165,14 @@ class TrainerWorker:
     def export_weights(self) -> dict[str, torch.Tensor]:
         return self.backend.export_weights()
 
-    def stage_weights(self) -> None:
+    def stage_weights(self, keep: bool = True) -> None:
         """Megatron: gather the current weights (collective over every trainer rank) for the
-        pushes that follow, which run on the pushing ranks alone. The torch backend needs
-        nothing: every rank holds the whole model."""
+        pushes that follow, which run on the pushing ranks alone; `keep` is False on ranks that
+        push to no engine, which drop their copy. The torch backend needs nothing: every rank
+        holds the whole model."""
         if self.megatron:
-            self._staged = self.backend.export_weights()
+            weights = self.backend.export_weights()
+            self._staged = weights if keep else None
 
     def save_distributed(self, directory: str) -> None:
         """Megatron: this rank's shards of model and optimizer and its RNG into `directory` (collective)."""

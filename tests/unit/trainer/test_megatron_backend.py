@@ -102,3 +102,29 @@ def test_save_then_load_gives_the_identical_next_step(qwen3, tmp_path):
     assert got == expected
     for name, tensor in expected_weights.items():
         assert torch.equal(second.export_weights()[name], tensor), name
+
+
+@pytest.mark.parametrize(("recompute", "module"), [("full", "mlp"), ("selective", "self_attention.core_attention")])
+def test_recompute_runs_the_forward_again_and_changes_nothing(qwen3, recompute, module):
+    from rlkube_runtime.trainer.megatron.model import ParallelSizes
+
+    batch = random_batch(LENGTHS, vocab=(8, 120))
+    plain = MegatronBackend(config(qwen3), device="cpu")
+    b = with_old(plain, batch)
+    want = plain.train_step(b)
+    again = MegatronBackend(config(qwen3), ParallelSizes(recompute=recompute), device="cpu")
+    calls = []
+    again.model.decoder.layers[0].get_submodule(module).register_forward_hook(lambda *_: calls.append(1))
+    got = again.train_step(b)
+    assert got["loss"] == want["loss"] and got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6)
+    assert len(calls) == 2 * got["num_micro_batches"]  # once forward, once more in the backward
+
+
+def test_megatron_args_reach_the_transformer_config_and_gpu_only_ones_are_refused_on_cpu(qwen3):
+    from rlkube_runtime.trainer.megatron.model import ParallelSizes
+
+    backend = MegatronBackend(config(qwen3), ParallelSizes(recompute="full"),
+                              megatron_args={"recompute-num-layers": 2}, device="cpu")
+    assert backend.tconfig.recompute_num_layers == 2
+    with pytest.raises(ValueError, match=r"spec\.model\.megatronArgs\.use-precision-aware-optimizer: .*GPUs only"):
+        MegatronBackend(config(qwen3), megatron_args={"use-precision-aware-optimizer": True}, device="cpu")

@@ -84,6 +84,12 @@ class MegatronBackend:
         self.cpu = self.device.type == "cpu"
         self.dtype = torch.float32 if self.cpu else _DTYPES[config.model.dtype]
         model_over, self._optim_over = split_megatron_args(megatron_args or {})
+        if self.cpu and self._optim_over:
+            key = next(k for k in megatron_args if k.lstrip("-").replace("-", "_") in self._optim_over)
+            raise ValueError(
+                f"spec.model.megatronArgs.{key}: an optimizer setting of megatron's distributed optimizer, which runs "
+                "on GPUs only; a CPU trainer steps torch AdamW"
+            )
 
         from transformers import AutoConfig
 
