@@ -128,3 +128,20 @@ def test_megatron_args_reach_the_transformer_config_and_gpu_only_ones_are_refuse
     assert backend.tconfig.recompute_num_layers == 2
     with pytest.raises(ValueError, match=r"spec\.model\.megatronArgs\.use-precision-aware-optimizer: .*GPUs only"):
         MegatronBackend(config(qwen3), megatron_args={"use-precision-aware-optimizer": True}, device="cpu")
+
+
+def test_the_kl_loss_reads_a_frozen_reference_like_the_torch_backend(qwen3):
+    batch = random_batch(LENGTHS, vocab=(8, 120))
+    kl = dict(use_kl_loss=True, kl_loss_coef=0.1)
+    mega, ref = MegatronBackend(config(qwen3, **kl), device="cpu"), TorchBackend(config(qwen3, **kl), device="cpu")
+    b = with_old(mega, batch)
+    assert mega.compute_log_probs(b, model="ref").log_probs[0].equal(mega.compute_log_probs(b).log_probs[0])
+    mega.train_step(b.with_fields(ref_log_probs=mega.compute_log_probs(b, model="ref").log_probs))
+    # The actor moved, the reference did not: the second step has a KL term, equal in both backends.
+    tb = with_old(ref, batch)
+    ref.train_step(tb.with_fields(ref_log_probs=ref.compute_log_probs(tb, model="ref").log_probs))
+    got = mega.train_step(b.with_fields(ref_log_probs=mega.compute_log_probs(b, model="ref").log_probs))
+    want = ref.train_step(tb.with_fields(ref_log_probs=ref.compute_log_probs(tb, model="ref").log_probs))
+    assert got["kl_loss"] > 0
+    assert got["kl_loss"] == pytest.approx(want["kl_loss"], rel=1e-3)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
