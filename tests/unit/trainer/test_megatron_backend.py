@@ -16,6 +16,7 @@ from trainer_testutil import random_batch
 from rlkube_runtime.trainer.backend import TrainerBackend
 from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
 from rlkube_runtime.trainer.megatron.backend import MegatronBackend
+from rlkube_runtime.trainer.megatron.cpu import cpu_mode
 from rlkube_runtime.trainer.torch_backend import TorchBackend
 
 LENGTHS = [(9, 4), (14, 6), (5, 2), (20, 9), (7, 3), (12, 1)]
@@ -51,7 +52,7 @@ def test_logits_match_the_hf_model(kind, tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
     ids = torch.randint(0, 128, (3, 17), generator=torch.Generator().manual_seed(0))
     mask = torch.triu(torch.ones(17, 17, dtype=torch.bool), 1)[None, None]
-    with torch.no_grad():
+    with cpu_mode(), torch.no_grad():
         got = backend.model(ids, torch.arange(17).expand(3, 17), mask)
         want = hf(ids).logits
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
@@ -145,3 +146,10 @@ def test_the_kl_loss_reads_a_frozen_reference_like_the_torch_backend(qwen3):
     assert got["kl_loss"] > 0
     assert got["kl_loss"] == pytest.approx(want["kl_loss"], rel=1e-3)
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
+
+
+def test_cpu_mode_is_undone_after_each_call(qwen3):
+    current_device, synchronize = torch.cuda.current_device, torch.cuda.synchronize
+    backend = MegatronBackend(config(qwen3), device="cpu")
+    backend.compute_log_probs(random_batch(LENGTHS[:2], vocab=(8, 120)))
+    assert torch.cuda.current_device is current_device and torch.cuda.synchronize is synchronize

@@ -46,6 +46,7 @@ from ..config import TrainerConfig
 from ..lr_schedule import LRSchedule
 from ..packing import pad_rows, partition_for_ranks, plan_micro_batches
 from . import convert
+from .cpu import in_cpu_mode
 from .model import HFArchitecture, ParallelSizes, build_gpt_model, hf_architecture, split_megatron_args, transformer_config
 from .weights import read_hf_tensors
 
@@ -74,8 +75,6 @@ class MegatronBackend:
         megatron_args: dict[str, Any] | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        from megatron.core import parallel_state as ps
-
         self.config = config
         self.sizes = sizes or ParallelSizes()
         if device is None:
@@ -83,16 +82,22 @@ class MegatronBackend:
         self.device = torch.device(device)
         self.cpu = self.device.type == "cpu"
         self.dtype = torch.float32 if self.cpu else _DTYPES[config.model.dtype]
-        model_over, self._optim_over = split_megatron_args(megatron_args or {})
+        self._model_over, self._optim_over = split_megatron_args(megatron_args or {})
         if self.cpu and self._optim_over:
-            key = next(k for k in megatron_args if k.lstrip("-").replace("-", "_") in self._optim_over)
+            key = next(k for k in megatron_args or {} if k.lstrip("-").replace("-", "_") in self._optim_over)
             raise ValueError(
                 f"spec.model.megatronArgs.{key}: an optimizer setting of megatron's distributed optimizer, which runs "
                 "on GPUs only; a CPU trainer steps torch AdamW"
             )
 
+        self._construct(config)
+
+    @in_cpu_mode
+    def _construct(self, config: TrainerConfig) -> None:
+        from megatron.core import parallel_state as ps
         from transformers import AutoConfig
 
+        model_over = self._model_over
         hf_config = AutoConfig.from_pretrained(config.model.hf_checkpoint, trust_remote_code=config.model.trust_remote_code)
         self.arch: HFArchitecture = hf_architecture(hf_config)
         self.tconfig = transformer_config(self.arch, self.sizes, dtype=self.dtype, cpu=self.cpu, overrides=model_over)
@@ -131,6 +136,7 @@ class MegatronBackend:
 
     # -- forward passes -------------------------------------------------------------------
 
+    @in_cpu_mode
     @torch.no_grad()
     def compute_log_probs(
         self, batch: TrainBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
@@ -186,6 +192,7 @@ class MegatronBackend:
         self.schedule.advance()
         return {**metrics, "grad_norm": grad_norm, "lr": lr, "skipped_step": float(skipped)}
 
+    @in_cpu_mode
     def accumulate_gradients(
         self,
         batch: TrainBatch,
@@ -228,6 +235,7 @@ class MegatronBackend:
 
     # -- weights out ----------------------------------------------------------------------
 
+    @in_cpu_mode
     def export_weights(self) -> dict[str, torch.Tensor]:
         """HF-named float32 CPU tensors of the whole model. Collective: every rank of the world
         calls it and every rank receives the whole model (gathered over tensor and pipeline ranks).
@@ -268,6 +276,7 @@ class MegatronBackend:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError("the megatron backend loads distributed checkpoints: use load_distributed(dir)")
 
+    @in_cpu_mode
     def save_distributed(self, directory: str | Path) -> None:
         """Collective: every rank writes its shards of model and optimizer, and its RNG streams."""
         from .checkpoint import save_trainer_state
@@ -275,6 +284,7 @@ class MegatronBackend:
         with self._resident():
             save_trainer_state(self, Path(directory))
 
+    @in_cpu_mode
     def load_distributed(self, directory: str | Path) -> None:
         """Collective: restore what save_distributed wrote; the next train_step is identical."""
         from .checkpoint import load_trainer_state
@@ -750,9 +760,9 @@ def _init_parallel_state(sizes: ParallelSizes, *, cpu: bool) -> None:
 
 def _seed_model_parallel(seed: int, *, cpu: bool) -> None:
     if cpu:
-        from .cpu import enable_cpu_mode
+        from .cpu import seed_cpu_rng_tracker
 
-        enable_cpu_mode(seed)
+        seed_cpu_rng_tracker(seed)
     else:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 

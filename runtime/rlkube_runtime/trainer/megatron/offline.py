@@ -52,6 +52,13 @@ def hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, *, tensor: int = 1, 
 def megatron_to_hf(checkpoint: str | Path, hf_config_dir: str | Path, out_dir: str | Path) -> Path:
     """The HF directory of the model in `checkpoint` (a distributed checkpoint directory, a
     trainer checkpoint `rollout_*` directory, or a checkpoint root: its newest complete one)."""
+    from .cpu import cpu_mode
+
+    with cpu_mode():
+        return _megatron_to_hf(checkpoint, hf_config_dir, out_dir)
+
+
+def _megatron_to_hf(checkpoint: str | Path, hf_config_dir: str | Path, out_dir: str | Path) -> Path:
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from transformers import AutoConfig
@@ -66,7 +73,7 @@ def megatron_to_hf(checkpoint: str | Path, hf_config_dir: str | Path, out_dir: s
     sizes = ParallelSizes()
     _init_parallel_state(sizes, cpu=True)
     try:
-        _seed_model_parallel(0, cpu=not torch.cuda.is_available())
+        _seed_model_parallel(0, cpu=True)
         config = transformer_config(arch, sizes, dtype=torch.float32, cpu=True)
         model = build_gpt_model(config, arch, pre_process=True, post_process=True)
         loaded = dist_checkpointing.load({"model": model.sharded_state_dict(prefix="")}, str(source))
@@ -104,6 +111,14 @@ def find_distributed_checkpoint(path: Path) -> Path:
 
 def _save_shard(rank: int, world: int, store_path: str, hf_dir: Path, out_dir: Path, tensor: int, pipeline: int) -> None:
     """One tensor/pipeline rank: build its stage, load its share of the HF weights, save it."""
+    from .cpu import cpu_mode
+
+    with cpu_mode():
+        _save_shard_on_cpu(rank, world, store_path, hf_dir, out_dir, tensor, pipeline)
+
+
+def _save_shard_on_cpu(rank: int, world: int, store_path: str, hf_dir: Path, out_dir: Path, tensor: int,
+                       pipeline: int) -> None:
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as ps
@@ -118,7 +133,7 @@ def _save_shard(rank: int, world: int, store_path: str, hf_dir: Path, out_dir: P
         sizes = ParallelSizes(tensor=tensor, pipeline=pipeline)
         arch = hf_architecture(AutoConfig.from_pretrained(hf_dir))
         _init_parallel_state(sizes, cpu=True)
-        _seed_model_parallel(0, cpu=not torch.cuda.is_available())
+        _seed_model_parallel(0, cpu=True)
         config = transformer_config(arch, sizes, dtype=torch.float32, cpu=True)
         model = build_gpt_model(config, arch, pre_process=ps.is_pipeline_first_stage(),
                                 post_process=ps.is_pipeline_last_stage())
