@@ -157,10 +157,11 @@ class MegatronBackend:
         local = batch.select(mine)
         plan = self._plan(local)
         micro = [self._micro_batch(local, group, [mine[i] for i in group]) for group in plan]
+        was_training = module.training
         module.eval()
         outputs = self._run(module, micro, forward_only=True,
                             loss=partial(self._collect, with_entropy=with_entropy)) if micro else []
-        module.train()
+        module.train(was_training)
         results: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         for out in outputs:
             for i, lp, ent in zip(out["index"], out["log_probs"], out["entropy"]):
@@ -183,11 +184,17 @@ class MegatronBackend:
         lr = self.schedule.apply()
         if self.cpu:
             grad_norm = self._cpu_clip_and_step()
+        elif not self._gpu_grads_finite():
+            # bf16 has no loss scaler to catch this, and megatron would step on NaN; the torch
+            # backend skips such a step, and so does this one.
+            log.warning("non-finite gradients; skipping this optimizer step")
+            grad_norm = math.nan
+            self._zero_grad()
         else:
             ok, norm, _ = self.optimizer.step()
             grad_norm = float(norm) if norm is not None else math.nan
             if not ok:
-                log.warning("megatron optimizer skipped this step (non-finite gradients)")
+                log.warning("megatron optimizer skipped this step")
         skipped = not math.isfinite(grad_norm)
         self.schedule.advance()
         return {**metrics, "grad_norm": grad_norm, "lr": lr, "skipped_step": float(skipped)}
@@ -577,6 +584,15 @@ class MegatronBackend:
             shared = self.model.shared_embedding_or_output_weight()
             if shared is not None:
                 dist.all_reduce(shared.grad, group=ps.get_embedding_group())
+
+    def _gpu_grads_finite(self) -> bool:
+        """Whether every rank's gradient buffers are finite (one reduction per buffer, one all-reduce)."""
+        bad = torch.zeros((), dtype=torch.float32, device=self.device)
+        for buffer in self._ddp_buffers():
+            if buffer.grad_data is not None and buffer.grad_data.numel():
+                bad = torch.maximum(bad, (~torch.isfinite(buffer.grad_data)).any().float())
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return not bool(bad.item())
 
     def _cpu_clip_and_step(self) -> float:
         from megatron.core import parallel_state as ps

@@ -9,8 +9,9 @@ renamed, then the `complete` marker and `latest`):
     trainer/rng/rank_<r>.pt  rank r's random generators (python, numpy, torch, CUDA, and
                              megatron's tensor-parallel RNG tracker)
 
-Loading needs the same tensor and pipeline sizes' *model* layout on the torch_dist side only
-as far as megatron's resharding allows (torch_dist reshards tensor-parallel splits).
+torch_dist stores global tensors, so the model part loads at other tensor/pipeline sizes (`rlkube
+convert megatron-to-hf` reads it at 1 x 1); the distributed optimizer's state is saved
+`dp_reshardable`: a resume may change the data-parallel size, not the tensor or pipeline sizes.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def load_trainer_state(backend: MegatronBackend, directory: Path) -> None:
         raise FileNotFoundError(f"{directory} is not a megatron distributed checkpoint (no metadata.json)")
     state = _sharded_state(backend, is_loading=True)
     loaded = dist_checkpointing.load(state, str(directory))
-    backend.model.load_state_dict(loaded["model"], strict=False)
+    load_model_state(backend.model, loaded["model"], directory)
     if backend.cpu:
         _load_torch_optimizer(backend, loaded["optimizer"])
     else:
@@ -64,6 +65,15 @@ def load_trainer_state(backend: MegatronBackend, directory: Path) -> None:
     rng_file = directory / "rng" / f"rank_{dist.get_rank()}.pt"
     if rng_file.is_file():
         _restore_rng(torch.load(rng_file, map_location="cpu", weights_only=True))
+
+
+def load_model_state(model: torch.nn.Module, state: dict, directory: Path) -> None:
+    """Load `state` into `model`; every parameter must be there (megatron's `_extra_state`
+    entries, empty for the local layer spec, may be absent)."""
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing:
+        raise KeyError(f"{directory} lacks model tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
 def _sharded_state(backend: MegatronBackend, *, is_loading: bool) -> dict:

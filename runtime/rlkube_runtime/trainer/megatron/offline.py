@@ -64,6 +64,7 @@ def _megatron_to_hf(checkpoint: str | Path, hf_config_dir: str | Path, out_dir: 
     from transformers import AutoConfig
 
     from . import convert
+    from .checkpoint import load_model_state
     from .backend import _init_parallel_state, _named_weights, _seed_model_parallel, write_hf_directory
     from .model import ParallelSizes, build_gpt_model, hf_architecture, transformer_config
 
@@ -77,7 +78,7 @@ def _megatron_to_hf(checkpoint: str | Path, hf_config_dir: str | Path, out_dir: 
         config = transformer_config(arch, sizes, dtype=torch.float32, cpu=True)
         model = build_gpt_model(config, arch, pre_process=True, post_process=True)
         loaded = dist_checkpointing.load({"model": model.sharded_state_dict(prefix="")}, str(source))
-        model.load_state_dict(loaded["model"], strict=False)
+        load_model_state(model, loaded["model"], source)
         full = {name: t.detach().float() for name, t in _named_weights(model)
                 if not (name == "output_layer.weight" and arch.tie_word_embeddings)}
         weights = convert.megatron_to_hf(full, arch)
