@@ -44,6 +44,21 @@ def _run(args: argparse.Namespace) -> int:
     )
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from rlkube_runtime.trainer.megatron import offline
+
+    try:
+        if args.direction == "hf-to-megatron":
+            out = offline.hf_to_megatron(args.hf, args.out, tensor=args.tensor, pipeline=args.pipeline)
+        else:
+            out = offline.megatron_to_hf(args.checkpoint, args.hf_config, args.out)
+    except (ValueError, FileNotFoundError, FileExistsError, KeyError) as err:
+        print(f"rlkube convert {args.direction}: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
 def _operator(args: argparse.Namespace) -> int:
     from rlkube_operator.main import run_operator
 
@@ -75,6 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-rollouts", metavar="DIR", default=None,
                    help="with --debug-train-only: the rollout_<k>.jsonl dumps to train on (a run's <output>/rollouts)")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("convert", help="convert weights between HF directories and megatron distributed checkpoints")
+    conv = p.add_subparsers(dest="direction", required=True)
+    c = conv.add_parser("hf-to-megatron", help="shard an HF checkpoint into a megatron-core distributed checkpoint")
+    c.add_argument("--hf", required=True, help="HF model directory (config.json, safetensors)")
+    c.add_argument("--out", required=True, help="new (or empty) directory for the distributed checkpoint")
+    c.add_argument("--tensor", type=int, default=1, help="tensor-parallel size to shard for (default 1)")
+    c.add_argument("--pipeline", type=int, default=1, help="pipeline-parallel size to shard for (default 1)")
+    c.set_defaults(func=_convert)
+    c = conv.add_parser("megatron-to-hf", help="write an HF directory from a megatron distributed checkpoint")
+    c.add_argument("--checkpoint", required=True,
+                   help="distributed checkpoint directory, a trainer checkpoint (rollout_*), or a checkpoint root")
+    c.add_argument("--hf-config", required=True, help="HF directory whose config and tokenizer describe the model")
+    c.add_argument("--out", required=True, help="where the HF directory goes")
+    c.set_defaults(func=_convert)
 
     p = sub.add_parser("operator", help="run the RLJob operator (kopf)")
     p.add_argument("--namespace", default=None, help="watch one namespace (default: all)")

@@ -35,6 +35,11 @@ log = logging.getLogger("rlkube.driver")
 PREEMPTED_EXIT_CODE = 143
 
 
+# A megatron trainer's checkpoint: its ranks' distributed checkpoint in this sub-directory.
+MEGATRON_FORMAT = "megatron_dist"
+MEGATRON_DIR = "trainer"
+
+
 class Preempted(Exception):
     """The run stopped on SIGTERM after saving what it had done."""
 
@@ -459,17 +464,34 @@ def _resume(job: Job) -> int:
     if found is None:
         return 0
     print(f"resuming from checkpoint {found.path} (rollout {found.rollout_id})", flush=True)
-    saved = JobCheckpoint.from_payload(found.payload)
-    rngs = saved.trainer_rng
-    if len(rngs) != len(job.trainers):
-        # Another trainer world size (or an older checkpoint): every rank takes rank 0's streams.
-        rngs = [None] * len(job.trainers)
-    ray.get([t.load_state_dict.remote(saved.trainer, rng) for t, rng in zip(job.trainers, rngs)])
-    ray.get(job.rollout.load_data_state.remote(saved.data_source))
+    if found.payload.get("trainer_format") == MEGATRON_FORMAT:
+        # Every rank reads its own shards and random streams from the checkpoint directory.
+        ray.get([t.load_distributed.remote(str(found.path / MEGATRON_DIR)) for t in job.trainers])
+        data_source = found.payload["data_source"]
+    else:
+        saved = JobCheckpoint.from_payload(found.payload)
+        rngs = saved.trainer_rng
+        if len(rngs) != len(job.trainers):
+            # Another trainer world size (or an older checkpoint): every rank takes rank 0's streams.
+            rngs = [None] * len(job.trainers)
+        ray.get([t.load_state_dict.remote(saved.trainer, rng) for t, rng in zip(job.trainers, rngs)])
+        data_source = saved.data_source
+    ray.get(job.rollout.load_data_state.remote(data_source))
     start = found.rollout_id + 1
     job.last_saved, job.last_saved_path = found.rollout_id, str(found.path)
+    _stage_weights(job)
     ray.get(job.rollout.update_weights.remote(str(start)))
     return start
+
+
+def _stage_weights(job: Job) -> None:
+    """Before a push: the megatron trainer gathers its weights over all ranks (the pushing ranks
+    alone could not); the torch trainer's ranks each hold the whole model already."""
+    import ray
+
+    if job.spec.training.backend == "megatron":
+        pushers = set(job.pushers[0])
+        ray.get([t.stage_weights.remote(keep=rank in pushers) for rank, t in enumerate(job.trainers)])
 
 
 class _Rollouts:
@@ -607,12 +629,25 @@ def _save(job: Job, rollout_id: int, *, force: bool = False) -> dict[str, Any] |
     `force`d): its rollout, path and time, else None."""
     import ray
 
-    from rlkube_runtime.trainer.checkpoint import save_checkpoint
+    from rlkube_runtime.trainer.checkpoint import begin_checkpoint, finish_checkpoint, save_checkpoint
 
     spec = job.spec
     num_rollout, interval = spec.training.num_rollout, spec.checkpoint.interval
     if not (force or (interval and (rollout_id + 1) % interval == 0) or rollout_id + 1 == num_rollout):
         return None
+    if spec.training.backend == "megatron":
+        # Every rank writes its own shards into the checkpoint's temporary directory; this
+        # process adds the data position and makes the whole directory visible at once.
+        tmp = begin_checkpoint(job.plan.checkpoint_root, rollout_id)
+        ray.get([t.save_distributed.remote(str(tmp / MEGATRON_DIR)) for t in job.trainers])
+        payload = {
+            "trainer_format": MEGATRON_FORMAT,
+            "data_source": ray.get(job.rollout.data_state.remote(rollout_id + 1)),
+            "progress": {"rollout_id": rollout_id, "num_rollout": num_rollout},
+        }
+        path = finish_checkpoint(job.plan.checkpoint_root, rollout_id, tmp, payload, keep=spec.checkpoint.keep)
+        job.last_saved, job.last_saved_path = rollout_id, str(path)
+        return {"rollout": rollout_id, "path": str(path), "time": datetime.now(timezone.utc)}
     saved = JobCheckpoint(
         trainer=ray.get(job.trainers[0].state_dict.remote()),
         trainer_rng=ray.get([t.rng_state.remote() for t in job.trainers]),
@@ -689,6 +724,7 @@ def _train(
         if in_flight is not None:
             ray.wait([in_flight], num_returns=1)
         sync_start = time.monotonic()
+        _stage_weights(job)
         report = ray.get(rollout.update_weights.remote(str(sync_version)))
         metrics["perf/update_weights_time"] = time.monotonic() - sync_start
         metrics["perf/update_weights_push_time"] = report["seconds"]

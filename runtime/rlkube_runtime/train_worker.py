@@ -25,11 +25,27 @@ from rlkube_runtime.trainer.torch_backend import TorchBackend
 
 def check_trainer_supports(spec: RLJobSpec) -> None:
     """Fail at start, naming the field, for settings this trainer cannot honour. The spec's own
-    validation refuses the critic estimators already; this is the second guard, in its words."""
-    if spec.training.backend != "torch":
-        raise ValueError(
-            f"spec.training.backend: {spec.training.backend!r} is not available in this runtime; use 'torch'"
-        )
+    validation refuses what no backend honours (spec/backend_rules.py) and the critic estimators
+    already; this is the second guard, in their words, plus what only the runtime can know."""
+    backend = spec.training.backend
+    if backend == "megatron":
+        try:
+            import megatron.core  # noqa: F401
+        except ImportError as err:
+            raise ValueError(
+                "spec.training.backend: 'megatron' needs megatron-core in the runtime image "
+                f"(pip install 'rlkube[megatron]'): {err}"
+            ) from err
+        par = spec.parallelism
+        if par.expert != 1:
+            raise ValueError(f"spec.parallelism.expert: {par.expert} needs a mixture-of-experts model, which the "
+                             "megatron backend does not build (Llama, Qwen2, Qwen3 dense models); use 1")
+        if par.context != 1:
+            raise ValueError(f"spec.parallelism.context: {par.context} needs TransformerEngine's attention, which the "
+                             "megatron backend does not use (it runs megatron-core's local layer spec); use 1")
+        if spec.model.dtype == "float16":
+            raise ValueError("spec.model.dtype: float16 needs loss scaling, which the megatron backend does not do; "
+                             "use bfloat16 (or float32)")
     if spec.algorithm.advantage_estimator in CRITIC_ESTIMATORS:
         raise ValueError(f"spec.algorithm.advantageEstimator: {NO_CRITIC_MESSAGE}")
 
@@ -58,10 +74,24 @@ class TrainerWorker:
         # The model comes from the driver (a built tiny checkpoint, the HF checkpoint, or the
         # weights of a resumed run), not from spec.model.hfCheckpoint.
         self.config = TrainerConfig.from_spec(self.spec, hf_checkpoint=hf_checkpoint)
-        self.backend = TorchBackend(self.config, device=device if device == "cpu" else None)
+        self.megatron = self.spec.training.backend == "megatron"
+        if self.megatron:
+            from rlkube_runtime.trainer.megatron.backend import MegatronBackend
+            from rlkube_runtime.trainer.megatron.model import ParallelSizes
+
+            self.backend = MegatronBackend(
+                self.config,
+                ParallelSizes.from_spec(self.spec),
+                megatron_args=dict(self.spec.model.megatron_args),
+                device=device if device == "cpu" else None,
+            )
+        else:
+            self.backend = TorchBackend(self.config, device=device if device == "cpu" else None)
         self.rank = rank
         self._sender = None  # a weight_sync.WeightSender, made at the first push
         self._last_advantages: list[torch.Tensor] = []
+        # Megatron: the HF-named weights of the last `stage_weights`, what pushes send.
+        self._staged: dict[str, torch.Tensor] | None = None
 
     def ready(self) -> bool:
         return True
@@ -123,6 +153,22 @@ class TrainerWorker:
     def export_weights(self) -> dict[str, torch.Tensor]:
         return self.backend.export_weights()
 
+    def stage_weights(self, keep: bool = True) -> None:
+        """Megatron: gather the current weights (collective over every trainer rank) for the
+        pushes that follow, which run on the pushing ranks alone; `keep` is False on ranks that
+        push to no engine, which drop their copy. The torch backend needs nothing: every rank
+        holds the whole model."""
+        if self.megatron:
+            weights = self.backend.export_weights()
+            self._staged = weights if keep else None
+
+    def save_distributed(self, directory: str) -> None:
+        """Megatron: this rank's shards of model and optimizer and its RNG into `directory` (collective)."""
+        self.backend.save_distributed(directory)
+
+    def load_distributed(self, directory: str) -> None:
+        self.backend.load_distributed(directory)
+
     def push_weights(self, urls: list[str], transport: str, version: str, disk_dir: str | None = None) -> dict[str, Any]:
         """Load this rank's weights into the engines at `urls` (paused and flushed by the rollout
         manager); returns the `weight_sync.SyncReport` as a dict."""
@@ -135,7 +181,7 @@ class TrainerWorker:
             from rlkube_runtime.weight_sync import WeightSender
 
             self._sender = WeightSender(
-                self.backend.model,
+                _StagedWeights(self) if self.megatron else self.backend.model,
                 dtype=getattr(torch, engine_dtype(self.spec.model.dtype, self.backend.device.type)),
                 bucket_bytes=self.spec.training.update_weight_buffer_mb << 20,
                 device=self.backend.device,
@@ -146,7 +192,19 @@ class TrainerWorker:
         return self._sender
 
     def save_hf(self, directory: str) -> str:
+        if self.megatron:
+            from rlkube_runtime.trainer.megatron.backend import write_hf_directory
+
+            write_hf_directory(self._staged_weights(), directory, self.config.model.hf_checkpoint,
+                               trust_remote_code=self.config.model.trust_remote_code,
+                               tied=self.backend.arch.tie_word_embeddings)
+            return directory
         return str(self.backend.save_hf(directory))
+
+    def _staged_weights(self) -> dict[str, torch.Tensor]:
+        if self._staged is None:
+            raise RuntimeError("no staged weights: the driver calls stage_weights on every trainer rank before a push")
+        return self._staged
 
     def state_dict(self) -> dict[str, Any]:
         return self.backend.state_dict()
@@ -168,6 +226,18 @@ class TrainerWorker:
 
     def resume_memory(self) -> None:
         self.backend.resume_memory()
+
+
+class _StagedWeights(torch.nn.Module):
+    """What the weight sender reads for the megatron backend: the staged HF-named tensors as a
+    module's state dict (tied tensors are one tensor, so the sender sends them once)."""
+
+    def __init__(self, worker: TrainerWorker):
+        super().__init__()
+        self._worker = worker
+
+    def state_dict(self, *args, **kwargs):  # noqa: ARG002 - the sender's keep_vars changes nothing here
+        return dict(self._worker._staged_weights())
 
 
 def to_train_batch(samples: list[Sample]) -> TrainBatch:

@@ -1,5 +1,6 @@
 """The loop on a GPU at a size where weight sync is real work: a ~113M-parameter model in bf16,
-a weight sync after every rollout, colocated on one GPU (CUDA IPC) and separate on two (NCCL).
+a weight sync after every rollout, colocated on one GPU (CUDA IPC) and separate on two (NCCL),
+with the torch and the megatron trainer backends.
 Skipped without CUDA; run on the GPU machine before a change to the engine, the trainer or
 weight sync is called done."""
 
@@ -35,16 +36,20 @@ def model_100m(tmp_path_factory):
     return out, count
 
 
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
 @pytest.mark.parametrize("placement", ["colocated", "separate"])
-def test_every_rollout_is_generated_by_the_weights_synced_just_before_it(tmp_path, model_100m, placement):
+def test_every_rollout_is_generated_by_the_weights_synced_just_before_it(tmp_path, model_100m, placement, backend):
     if placement == "separate" and torch.cuda.device_count() < 2:
         pytest.skip("separate placement needs two GPUs")
+    if backend == "megatron":
+        pytest.importorskip("megatron.core", reason="the megatron extra (megatron-core) is not installed")
     model_dir, params = model_100m
     job = write_local_tiny(
         tmp_path, f"gpu-{placement}",
         **{
             "spec.model": {"hfCheckpoint": str(model_dir), "dtype": "bfloat16"},
             "spec.training.numRollout": ROLLOUTS,
+            "spec.training.backend": backend,
             "spec.training.optimizer": {"lr": 1e-5},
             "spec.rollout.maxResponseLen": 8,
             "spec.resources.placement": placement,

@@ -1,4 +1,4 @@
-"""What the loop needs from a trainer, whatever trains: the PyTorch backend today, Megatron-core later.
+"""What the loop needs from a trainer, whatever trains: the PyTorch backend or Megatron-core.
 
 Every data-parallel rank holds one backend. `compute_log_probs` and `train_step` are collective:
 call them on all ranks with the same arguments (the whole global batch; each rank computes its
@@ -11,6 +11,10 @@ own share). The others read state that is identical on every rank: call them on 
         metrics = backend.train_step(step_batch)
     weights = backend.export_weights()             # or backend.save_hf(dir) for engines loading from disk
     save_checkpoint(root, rollout_id, {"trainer": backend.state_dict(), "data_source": ...})
+
+The megatron backend (trainer/megatron/) differs in three places: `export_weights` and `save_hf`
+are collective (the weights are gathered over tensor and pipeline ranks), and checkpoints are
+written by every rank (`save_distributed`/`load_distributed`) instead of `state_dict`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Layout under `root`:
 
     root/rollout_00000012/         one checkpoint per saved rollout (zero-padded: names sort)
         model.pt optimizer.pt ...  one file per payload entry (torch.save)
+        trainer/...                files other writers put there first (begin_checkpoint): the
+                                   megatron backend's per-rank distributed checkpoint
         data_source.json ...       entries made only of JSON types are stored as JSON
         complete                   manifest (file sizes + sha256), written last
     root/latest                    the newest saved rollout id, for people and the operator
@@ -14,7 +16,7 @@ writes the `complete` marker, then replaces `latest`. A checkpoint counts only o
 exists and every file matches the manifest, so `load_latest_checkpoint` skips (with a warning)
 directories from a crash or with a damaged file, and falls back to the next newest.
 
-A single process writes checkpoints; saves of different rollouts may overlap (async saves),
+One process finishes checkpoints (others may write into the `.tmp-` directory first); saves of different rollouts may overlap (async saves),
 which is why a save never deletes `.tmp-` directories: `clean_partial_checkpoints` does, at
 startup, when no save can be in flight.
 """
@@ -96,12 +98,33 @@ def save_checkpoint(
                 f"checkpoint payload key {key!r} is not usable as a file name "
                 f"(letters, digits, '_', '.', '-'; not starting with '.'; not {MARKER!r})"
             )
+    tmp = begin_checkpoint(root, rollout_id)
+    return finish_checkpoint(root, rollout_id, tmp, payload, keep=keep)
+
+
+def begin_checkpoint(root: str | os.PathLike, rollout_id: int) -> Path:
+    """The `.tmp-` directory a checkpoint of `rollout_id` is written into before
+    `finish_checkpoint` makes it visible; other writers (every rank of a megatron trainer) may
+    add files and folders to it first."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    name = checkpoint_dir_name(rollout_id)
-    tmp = root / f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
+    tmp = root / f"{TMP_PREFIX}{checkpoint_dir_name(rollout_id)}-{secrets.token_hex(4)}"
     tmp.mkdir()
+    return tmp
 
+
+def finish_checkpoint(
+    root: str | os.PathLike,
+    rollout_id: int,
+    tmp: Path,
+    payload: Mapping[str, Any],
+    *,
+    keep: int | None = None,
+) -> Path:
+    """Write `payload` into `tmp` (as save_checkpoint does), list every file under `tmp` in the
+    manifest, rename it to its final name, then write the marker and `latest`."""
+    root = Path(root)
+    name = checkpoint_dir_name(rollout_id)
     files: dict[str, str] = {}
     for key, value in payload.items():
         if _is_plain_json(value):
@@ -118,8 +141,10 @@ def save_checkpoint(
         "format": FORMAT_VERSION,
         "rollout_id": rollout_id,
         "payload": files,
-        "files": {fn: {"bytes": (tmp / fn).stat().st_size, "sha256": _sha256(tmp / fn)} for fn in files.values()},
+        "files": {fn: {"bytes": (tmp / fn).stat().st_size, "sha256": _sha256(tmp / fn)} for fn in _all_files(tmp)},
     }
+    for sub in sorted({p.parent for p in tmp.rglob("*") if p.is_file()} - {tmp}):
+        _fsync_dir(sub)
     _fsync_dir(tmp)
 
     final = root / name
@@ -257,6 +282,11 @@ def clean_partial_checkpoints(root: str | os.PathLike) -> list[Path]:
             path.unlink(missing_ok=True)
         log.info("removed partial checkpoint %s", path)
     return doomed
+
+
+def _all_files(directory: Path) -> list[str]:
+    """Every file under `directory`, as POSIX paths relative to it, sorted."""
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
 
 
 def _rollout_dirs(root: Path) -> list[tuple[int, Path]]:

@@ -1,0 +1,130 @@
+"""Megatron distributed checkpoints of the trainer: every rank writes its own shards.
+
+Inside one checkpoint directory (trainer/checkpoint.py makes it atomic: a `.tmp-` directory,
+renamed, then the `complete` marker and `latest`):
+
+    trainer/                 megatron.core.dist_checkpointing, torch_dist format: the model
+                             shards, the optimizer's (distributed on GPU; torch AdamW on CPU,
+                             sharded like the parameters it follows) and the lr schedule
+    trainer/rng/rank_<r>.pt  rank r's random generators (python, numpy, torch, CUDA, and
+                             megatron's tensor-parallel RNG tracker)
+
+torch_dist stores global tensors, so the model part loads at other tensor/pipeline sizes (`rlkube
+convert megatron-to-hf` reads it at 1 x 1); the distributed optimizer's state is saved
+`dp_reshardable`: a resume may change the data-parallel size, not the tensor or pipeline sizes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from ..rng import capture_rng_state, restore_rng_state
+
+if TYPE_CHECKING:
+    from .backend import MegatronBackend
+
+_DISTRIB_OPTIM = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def save_trainer_state(backend: MegatronBackend, directory: Path) -> None:
+    """Collective: write `backend`'s model, optimizer, schedule and every rank's RNG into `directory`."""
+    from megatron.core import dist_checkpointing
+
+    if dist.get_rank() == 0:
+        directory.mkdir(parents=True, exist_ok=True)  # empty: megatron warns about anything already there
+    dist.barrier()
+    state = _sharded_state(backend, is_loading=False)
+    dist_checkpointing.save(state, str(directory))
+    (directory / "rng").mkdir(exist_ok=True)
+    with open(directory / "rng" / f"rank_{dist.get_rank()}.pt", "wb") as f:
+        torch.save(_rng_state(), f)
+        f.flush()
+        os.fsync(f.fileno())
+    dist.barrier()
+
+
+def load_trainer_state(backend: MegatronBackend, directory: Path) -> None:
+    """Collective: restore what `save_trainer_state` wrote."""
+    from megatron.core import dist_checkpointing
+
+    if not (directory / "metadata.json").is_file():
+        raise FileNotFoundError(f"{directory} is not a megatron distributed checkpoint (no metadata.json)")
+    state = _sharded_state(backend, is_loading=True)
+    loaded = dist_checkpointing.load(state, str(directory))
+    load_model_state(backend.model, loaded["model"], directory)
+    if backend.cpu:
+        _load_torch_optimizer(backend, loaded["optimizer"])
+    else:
+        backend.optimizer.load_state_dict(loaded["optimizer"])
+    backend.schedule.load_state_dict(loaded["scheduler"])
+    rng_file = directory / "rng" / f"rank_{dist.get_rank()}.pt"
+    if rng_file.is_file():
+        _restore_rng(torch.load(rng_file, map_location="cpu", weights_only=True))
+
+
+def load_model_state(model: torch.nn.Module, state: dict, directory: Path) -> None:
+    """Load `state` into `model`; every parameter must be there (megatron's `_extra_state`
+    entries, empty for the local layer spec, may be absent)."""
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing:
+        raise KeyError(f"{directory} lacks model tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def _sharded_state(backend: MegatronBackend, *, is_loading: bool) -> dict:
+    model_state = backend.model.sharded_state_dict(prefix="")
+    if backend.cpu:
+        optim_state = _torch_optimizer_sharded(backend, model_state, is_loading=is_loading)
+    else:
+        optim_state = backend.optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=_DISTRIB_OPTIM)
+    return {"model": model_state, "optimizer": optim_state, "scheduler": backend.schedule.state_dict()}
+
+
+def _torch_optimizer_sharded(backend: MegatronBackend, model_state: dict, *, is_loading: bool) -> dict:
+    """torch AdamW's state as sharded tensors that follow the parameters' sharding (what
+    megatron's FP32Optimizer does); its common step is kept as a plain value."""
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    optimizer = backend.optimizer
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if is_loading:
+        for p in params:  # the structure to load into: AdamW makes its state lazily
+            if p not in optimizer.state:
+                optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                      "exp_avg_sq": torch.zeros_like(p)}
+    state = optimizer.state_dict()
+    steps = {float(s["step"]) for s in state["state"].values() if "step" in s}
+    if len(steps) > 1:
+        raise ValueError(f"AdamW parameters are at different steps {sorted(steps)}; cannot checkpoint them as one")
+    id_map = get_param_id_to_sharded_param_map(model_state, params)
+    optim_state_to_sharding_state(state, id_map, exclude_keys=("step",))
+    state["common_step"] = steps.pop() if steps else 0.0
+    return state
+
+
+def _load_torch_optimizer(backend: MegatronBackend, loaded: dict) -> None:
+    step = loaded.pop("common_step")
+    for param_state in loaded["state"].values():
+        param_state["step"] = torch.tensor(float(step))
+    backend.optimizer.load_state_dict(loaded)
+
+
+def _rng_state() -> dict:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    return {"process": capture_rng_state(), "tracker": dict(get_cuda_rng_tracker().get_states())}
+
+
+def _restore_rng(state: dict) -> None:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    restore_rng_state(state["process"])
+    get_cuda_rng_tracker().set_states(dict(state["tracker"]))

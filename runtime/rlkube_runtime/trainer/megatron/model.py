@@ -1,0 +1,279 @@
+"""A megatron-core GPT model of an HF causal LM: the TransformerConfig its config.json gives,
+the local (non-TransformerEngine) layer spec, and spec.model.megatronArgs on top.
+
+Supported families: Llama, Qwen2 (biased q/k/v projections), Qwen3 (q/k RMSNorm). All are
+pre-norm RMSNorm decoders with SwiGLU MLPs and rotary embeddings, so one layer spec covers
+them; `hf_architecture` refuses anything else naming the field that differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+# Read from the HF config: a megatronArgs key naming one of these would contradict the weights.
+_FROM_HF_CONFIG = {
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+    "kv_channels", "normalization", "layernorm_epsilon", "gated_linear_unit", "add_bias_linear",
+    "add_qkv_bias", "qk_layernorm", "vocab_size", "rotary_base", "max_position_embeddings",
+    "untie_embeddings_and_output_weights", "group_query_attention", "swiglu",
+}
+# Set by spec.parallelism or by the backend itself (precision, CPU mode, how losses are scaled).
+_OWNED = {
+    "tensor_model_parallel_size": "spec.parallelism.tensor",
+    "pipeline_model_parallel_size": "spec.parallelism.pipeline",
+    "context_parallel_size": "spec.parallelism.context",
+    "sequence_parallel": "spec.parallelism.sequenceParallel",
+    "recompute_granularity": "spec.parallelism.recompute",
+    "bf16": "spec.model.dtype", "fp16": "spec.model.dtype", "params_dtype": "spec.model.dtype",
+    "lr": "spec.training.optimizer.lr", "min_lr": "spec.training.optimizer.minLr",
+    "weight_decay": "spec.training.optimizer.weightDecay", "clip_grad": "spec.training.optimizer.clipGrad",
+    "adam_beta1": "spec.training.optimizer.beta1", "adam_beta2": "spec.training.optimizer.beta2",
+    "adam_eps": "spec.training.optimizer.eps", "calculate_per_token_loss": "the backend's loss scaling",
+    "use_cpu_initialization": "the backend (on when there is no GPU)",
+}
+
+
+@dataclass(frozen=True)
+class HFArchitecture:
+    """The shape of an HF decoder, as the converter and the model builder need it."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+
+def hf_architecture(hf_config: Any) -> HFArchitecture:
+    """The architecture of an HF `PretrainedConfig`; ValueError for unsupported models."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"spec.training.backend: megatron supports HF model types {list(SUPPORTED_MODEL_TYPES)}; "
+            f"the checkpoint's config.json has model_type {model_type!r}"
+        )
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in ("default", None):
+        raise ValueError(
+            f"spec.training.backend: megatron does not convert rope scaling {rope_type!r} (config.json "
+            "rope_scaling); only plain rotary embeddings are supported"
+        )
+    theta = getattr(hf_config, "rope_theta", None) or (rope.get("rope_theta") if isinstance(rope, dict) else None)
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"config.json hidden_act {hf_config.hidden_act!r}: only silu (SwiGLU) is supported")
+    if model_type == "llama" and getattr(hf_config, "mlp_bias", False):
+        raise ValueError("config.json mlp_bias: true is not supported by the megatron backend")
+    if model_type == "qwen2" and getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("config.json use_sliding_window: true is not supported by the megatron backend")
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return HFArchitecture(
+        model_type=model_type,
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        num_heads=heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        ffn_hidden_size=hf_config.intermediate_size,
+        vocab_size=hf_config.vocab_size,
+        rms_norm_eps=hf_config.rms_norm_eps,
+        rope_theta=float(theta if theta is not None else 10000.0),
+        max_position_embeddings=hf_config.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        qk_norm=model_type == "qwen3",
+    )
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    tensor: int = 1
+    pipeline: int = 1
+    context: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"  # none | full | selective
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> ParallelSizes:
+        par = spec.parallelism
+        return cls(tensor=par.tensor, pipeline=par.pipeline, context=par.context,
+                   sequence_parallel=par.sequence_parallel, recompute=par.recompute)
+
+
+def transformer_config(
+    arch: HFArchitecture,
+    sizes: ParallelSizes,
+    *,
+    dtype: torch.dtype,
+    cpu: bool,
+    overrides: dict[str, Any] | None = None,
+):
+    """The megatron-core TransformerConfig of `arch` under `sizes`, with `overrides` (from
+    `split_megatron_args`) applied last."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    check_divisible(arch, sizes)
+    recompute: dict[str, Any] = {}
+    if sizes.recompute == "full":
+        recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    elif sizes.recompute == "selective":
+        recompute = {"recompute_granularity": "selective"}
+    fields = dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=sizes.tensor,
+        pipeline_model_parallel_size=sizes.pipeline,
+        context_parallel_size=sizes.context,
+        sequence_parallel=sizes.sequence_parallel,
+        # Micro-batches have different shapes: pipeline stages exchange them before each transfer.
+        variable_seq_lengths=sizes.pipeline > 1,
+        moe_token_dispatcher_type="alltoall",  # MoE-only, but the default refuses variable lengths
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=cpu,
+        perform_initialization=False,  # every weight is loaded from the HF checkpoint
+        # The fused kernels need apex or TransformerEngine, which rlkube does not install.
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        attention_softmax_in_fp32=True,
+        **recompute,
+    )
+    fields.update(overrides or {})
+    return TransformerConfig(**fields)
+
+
+def check_divisible(arch: HFArchitecture, sizes: ParallelSizes) -> None:
+    """Refuse parallel sizes the architecture cannot be split into, naming the spec field."""
+    tp, pp = sizes.tensor, sizes.pipeline
+    for what, n in (("attention heads", arch.num_heads), ("key/value heads", arch.num_kv_heads),
+                    ("vocabulary entries", arch.vocab_size), ("MLP channels", arch.ffn_hidden_size)):
+        if n % tp:
+            raise ValueError(f"spec.parallelism.tensor: {tp} does not divide the model's {n} {what}")
+    if arch.num_layers % pp:
+        raise ValueError(f"spec.parallelism.pipeline: {pp} does not divide the model's {arch.num_layers} layers")
+    if sizes.context > 1:
+        raise ValueError(
+            f"spec.parallelism.context: {sizes.context} needs TransformerEngine's attention, which the megatron "
+            "backend does not use (it runs megatron-core's local layer spec); use 1"
+        )
+    if sizes.sequence_parallel and tp == 1:
+        raise ValueError("spec.parallelism.sequenceParallel: true needs spec.parallelism.tensor > 1")
+
+
+def split_megatron_args(args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """spec.model.megatronArgs -> (TransformerConfig fields, megatron OptimizerConfig fields).
+
+    Keys are Megatron-LM flag names without dashes (`attention-softmax-in-fp32`, or with
+    underscores); `false` leaves a boolean flag at its default, like the omitted flag. A key that
+    is neither config's field, or that the HF config or another spec field already sets, is
+    refused naming `spec.model.megatronArgs.<key>`.
+    """
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    model_fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    optim_fields = {f.name: f for f in dataclasses.fields(OptimizerConfig)}
+    model_over: dict[str, Any] = {}
+    optim_over: dict[str, Any] = {}
+    for key, value in (args or {}).items():
+        name = key.lstrip("-").replace("-", "_")
+        where = f"spec.model.megatronArgs.{key}"
+        if name in _FROM_HF_CONFIG:
+            raise ValueError(f"{where}: the architecture comes from the HF checkpoint's config.json; remove it")
+        if name in _OWNED:
+            raise ValueError(f"{where}: set by {_OWNED[name]}; remove it here")
+        if value is False:
+            continue
+        if name in model_fields:
+            model_over[name] = value
+        elif name in optim_fields:
+            optim_over[name] = value
+        else:
+            raise ValueError(
+                f"{where}: not a megatron-core TransformerConfig or OptimizerConfig field this backend can set"
+            )
+    return model_over, optim_over
+
+
+def build_gpt_model(config, arch: HFArchitecture, *, pre_process: bool, post_process: bool) -> torch.nn.Module:
+    """One pipeline stage's GPTModel, weights uninitialised until loaded.
+
+    The local layer spec, with every RMSNorm (input, pre-MLP, q/k and final) replaced by
+    `RMSNorm` below: megatron-core's own torch-norm wrapper refuses sequence parallelism
+    (its sequence-parallel norms come from apex or TransformerEngine, which rlkube does not install).
+    """
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
+
+    layer = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    layer.submodules.input_layernorm = RMSNorm
+    layer.submodules.pre_mlp_layernorm = RMSNorm
+    if arch.qk_norm:
+        layer.submodules.self_attention.submodules.q_layernorm = RMSNorm
+        layer.submodules.self_attention.submodules.k_layernorm = RMSNorm
+    stage_layers = config.num_layers // config.pipeline_model_parallel_size
+    block = ModuleSpec(module=TransformerBlock,
+                       submodules=TransformerBlockSubmodules(layer_specs=[layer] * stage_layers, layer_norm=RMSNorm))
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=block,
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,
+    )
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm with megatron's norm signature. Under sequence parallelism each
+    tensor-parallel rank normalises its part of the sequence, so the weight's gradient is
+    partial there: it is marked `sequence_parallel` for megatron (and the CPU path) to sum it
+    over tensor-parallel ranks."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_ignored) -> None:
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype,
+                         device="cpu" if config.use_cpu_initialization else torch.cuda.current_device())
+        if config.sequence_parallel:
+            self.weight.sequence_parallel = True

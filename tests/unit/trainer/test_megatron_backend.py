@@ -1,0 +1,155 @@
+"""MegatronBackend on CPU (gloo, use_cpu_initialization, local layer spec, one rank): the same
+logits as the HF model, the same loss as TorchBackend, and an exact checkpoint round trip.
+
+On CPU the backend steps torch AdamW: megatron-core's DistributedDataParallel and distributed
+optimizer allocate CUDA buffers. Those, bf16 and tensor parallelism are covered by the GPU tests
+(test_megatron_gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from megatron_testutil import tiny_hf
+from trainer_testutil import random_batch
+
+from rlkube_runtime.trainer.backend import TrainerBackend
+from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from rlkube_runtime.trainer.megatron.backend import MegatronBackend
+from rlkube_runtime.trainer.megatron.cpu import cpu_mode
+from rlkube_runtime.trainer.torch_backend import TorchBackend
+
+LENGTHS = [(9, 4), (14, 6), (5, 2), (20, 9), (7, 3), (12, 1)]
+
+
+def config(path, **loss) -> TrainerConfig:
+    return TrainerConfig(
+        model=ModelConfig(hf_checkpoint=str(path)),
+        optimizer=OptimizerConfig(lr=1e-3, clip_grad=1.0, weight_decay=0.1),
+        batching=BatchingConfig(max_tokens_per_gpu=30),
+        loss=LossConfig(**loss),
+    )
+
+
+def with_old(backend, batch, noise=0.3):
+    g = torch.Generator().manual_seed(1)
+    old = [lp + noise * torch.randn(lp.shape, generator=g) for lp in backend.compute_log_probs(batch).log_probs]
+    return batch.with_fields(old_log_probs=old)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return tiny_hf("qwen3", tmp_path_factory.mktemp("qwen3") / "m")
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama"])
+def test_logits_match_the_hf_model(kind, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_hf(kind, tmp_path / kind)
+    backend = MegatronBackend(config(path), device="cpu")
+    assert isinstance(backend, TrainerBackend)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = torch.randint(0, 128, (3, 17), generator=torch.Generator().manual_seed(0))
+    mask = torch.triu(torch.ones(17, 17, dtype=torch.bool), 1)[None, None]
+    with cpu_mode(), torch.no_grad():
+        got = backend.model(ids, torch.arange(17).expand(3, 17), mask)
+        want = hf(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    exported = backend.export_weights()
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(exported[name], tensor), name
+
+
+@pytest.mark.parametrize("loss", [dict(), dict(per_token_loss=True, entropy_coef=0.01)])
+def test_train_step_equals_the_torch_backend(qwen3, loss):
+    torch.manual_seed(0)
+    batch = random_batch(LENGTHS, vocab=(8, 120))
+    mega = MegatronBackend(config(qwen3, **loss), device="cpu")
+    ref = TorchBackend(config(qwen3, **loss), device="cpu")
+    mb, tb = with_old(mega, batch), with_old(ref, batch)
+    for a, b in zip(mb.old_log_probs, tb.old_log_probs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    got, want = mega.train_step(mb), ref.train_step(tb)
+    for key in ("loss", "pg_loss", "grad_norm", "lr"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    assert got["num_micro_batches"] == want["num_micro_batches"] > 1
+    after_m, after_t = mega.export_weights(), ref.export_weights()
+    for name, tensor in after_t.items():
+        # Adam's first update is lr * g / (|g| + eps): where g is ~eps, float noise in g moves
+        # the update by a fraction of lr (1e-3), so the bound is a small fraction of lr.
+        diff = (after_m[name] - tensor).abs()
+        assert diff.max() < 5e-5 and diff.mean() < 1e-7, (name, diff.max(), diff.mean())
+    # A second step (Adam moments in play) still agrees, and the loss moved.
+    got2, want2 = mega.train_step(mb), ref.train_step(tb)
+    assert got2["loss"] == pytest.approx(want2["loss"], rel=1e-4, abs=1e-6)
+    assert got2["loss"] != pytest.approx(got["loss"], rel=1e-6)
+
+
+def test_save_then_load_gives_the_identical_next_step(qwen3, tmp_path):
+    batch = random_batch(LENGTHS, vocab=(8, 120))
+    first = MegatronBackend(config(qwen3), device="cpu")
+    b = with_old(first, batch)
+    first.train_step(b)
+    first.save_distributed(tmp_path / "ckpt")
+    expected = first.train_step(b)
+    expected_weights = first.export_weights()
+
+    second = MegatronBackend(config(qwen3), device="cpu")
+    fresh = second.train_step(b)  # a step from the initial weights differs: the load must matter
+    assert fresh["loss"] != pytest.approx(expected["loss"], rel=1e-6)
+    second.load_distributed(tmp_path / "ckpt")
+    got = second.train_step(b)
+    assert got == expected
+    for name, tensor in expected_weights.items():
+        assert torch.equal(second.export_weights()[name], tensor), name
+
+
+@pytest.mark.parametrize(("recompute", "module"), [("full", "mlp"), ("selective", "self_attention.core_attention")])
+def test_recompute_runs_the_forward_again_and_changes_nothing(qwen3, recompute, module):
+    from rlkube_runtime.trainer.megatron.model import ParallelSizes
+
+    batch = random_batch(LENGTHS, vocab=(8, 120))
+    plain = MegatronBackend(config(qwen3), device="cpu")
+    b = with_old(plain, batch)
+    want = plain.train_step(b)
+    again = MegatronBackend(config(qwen3), ParallelSizes(recompute=recompute), device="cpu")
+    calls = []
+    again.model.decoder.layers[0].get_submodule(module).register_forward_hook(lambda *_: calls.append(1))
+    got = again.train_step(b)
+    assert got["loss"] == want["loss"] and got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6)
+    assert len(calls) == 2 * got["num_micro_batches"]  # once forward, once more in the backward
+
+
+def test_megatron_args_reach_the_transformer_config_and_gpu_only_ones_are_refused_on_cpu(qwen3):
+    from rlkube_runtime.trainer.megatron.model import ParallelSizes
+
+    backend = MegatronBackend(config(qwen3), ParallelSizes(recompute="full"),
+                              megatron_args={"recompute-num-layers": 2}, device="cpu")
+    assert backend.tconfig.recompute_num_layers == 2
+    with pytest.raises(ValueError, match=r"spec\.model\.megatronArgs\.use-precision-aware-optimizer: .*GPUs only"):
+        MegatronBackend(config(qwen3), megatron_args={"use-precision-aware-optimizer": True}, device="cpu")
+
+
+def test_the_kl_loss_reads_a_frozen_reference_like_the_torch_backend(qwen3):
+    batch = random_batch(LENGTHS, vocab=(8, 120))
+    kl = dict(use_kl_loss=True, kl_loss_coef=0.1)
+    mega, ref = MegatronBackend(config(qwen3, **kl), device="cpu"), TorchBackend(config(qwen3, **kl), device="cpu")
+    b = with_old(mega, batch)
+    assert mega.compute_log_probs(b, model="ref").log_probs[0].equal(mega.compute_log_probs(b).log_probs[0])
+    mega.train_step(b.with_fields(ref_log_probs=mega.compute_log_probs(b, model="ref").log_probs))
+    # The actor moved, the reference did not: the second step has a KL term, equal in both backends.
+    tb = with_old(ref, batch)
+    ref.train_step(tb.with_fields(ref_log_probs=ref.compute_log_probs(tb, model="ref").log_probs))
+    got = mega.train_step(b.with_fields(ref_log_probs=mega.compute_log_probs(b, model="ref").log_probs))
+    want = ref.train_step(tb.with_fields(ref_log_probs=ref.compute_log_probs(tb, model="ref").log_probs))
+    assert got["kl_loss"] > 0
+    assert got["kl_loss"] == pytest.approx(want["kl_loss"], rel=1e-3)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
+
+
+def test_cpu_mode_is_undone_after_each_call(qwen3):
+    current_device, synchronize = torch.cuda.current_device, torch.cuda.synchronize
+    backend = MegatronBackend(config(qwen3), device="cpu")
+    backend.compute_log_probs(random_batch(LENGTHS[:2], vocab=(8, 120)))
+    assert torch.cuda.current_device is current_device and torch.cuda.synchronize is synchronize

@@ -1,0 +1,163 @@
+"""MegatronBackend on GPUs (bf16, megatron-core's DDP and distributed optimizer, NCCL): what the
+CPU tests cannot reach. Each case runs its ranks as spawned processes (one per GPU), so the test
+process itself never initialises torch.distributed or megatron's parallel state.
+
+Run on the GPU machine:
+    python -m pytest -q -m gpu tests/unit/trainer/test_megatron_gpu.py
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from megatron_testutil import tiny_hf
+from trainer_testutil import random_batch
+
+from rlkube_runtime.trainer.config import BatchingConfig, ModelConfig, OptimizerConfig, TrainerConfig
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+             num_attention_heads=8, num_key_value_heads=4, head_dim=64)
+LENGTHS = [(64, 32), (96, 40), (40, 16), (128, 64), (80, 24), (50, 20), (110, 30), (70, 70 - 8)]
+BF16_REL = 2e-2  # bf16 compute against the torch backend's bf16 autocast: different kernels and orders
+
+
+def _config(path) -> TrainerConfig:
+    return TrainerConfig(model=ModelConfig(hf_checkpoint=str(path), dtype="bfloat16"),
+                         optimizer=OptimizerConfig(lr=1e-4, clip_grad=1.0),
+                         batching=BatchingConfig(max_tokens_per_gpu=256))
+
+
+def _batch(old=None):
+    batch = random_batch(LENGTHS, vocab=(8, 4000))
+    return batch if old is None else batch.with_fields(old_log_probs=[o + 0.05 for o in old])
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return tiny_hf("qwen3", tmp_path_factory.mktemp("gpu") / "qwen3", **SHAPE)
+
+
+def _spawn(world: int, fn, tmp_path: Path, *args) -> dict:
+    """Run fn(rank, world, store, result_file, *args) on `world` GPUs; returns rank 0's result."""
+    import torch.multiprocessing as mp
+
+    result = tmp_path / f"result-{fn.__name__}.pt"
+    store = tmp_path / f"store-{fn.__name__}-{os.getpid()}-{len(list(tmp_path.iterdir()))}"
+    mp.start_processes(fn, args=(world, str(store), str(result), *args), nprocs=world, start_method="spawn")
+    return torch.load(result, weights_only=False)
+
+
+def _init(rank: int, world: int, store: str) -> None:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", store=dist.FileStore(store, world), rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+
+
+def _first_step(rank, world, store, result, hf, tensor, pipeline, sp):
+    from rlkube_runtime.trainer.megatron.backend import MegatronBackend
+    from rlkube_runtime.trainer.megatron.model import ParallelSizes
+
+    _init(rank, world, store)
+    backend = MegatronBackend(_config(hf), ParallelSizes(tensor=tensor, pipeline=pipeline, sequence_parallel=sp))
+    batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+    metrics = backend.train_step(batch)
+    out = {"metrics": metrics}
+    if world == 1:  # the colocated hand-off, on one GPU
+        before = torch.cuda.memory_allocated()
+        weights = backend.export_weights()
+        backend.release_memory()
+        out["released_bytes"] = before - torch.cuda.memory_allocated()
+        out["params"] = sum(v.numel() for k, v in weights.items() if k != "lm_head.weight")
+        out["export_while_released_equal"] = all(torch.equal(v, weights[k]) for k, v in backend.export_weights().items())
+        backend.resume_memory()
+        out["after_resume"] = backend.train_step(batch)
+    if rank == 0:
+        torch.save(out, result)
+
+
+def _torch_first_step(hf):
+    from rlkube_runtime.trainer.torch_backend import TorchBackend
+
+    backend = TorchBackend(_config(hf), device="cuda")
+    batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+    return backend.train_step(batch)
+
+
+def test_one_gpu_bf16_step_matches_the_torch_backend_and_releases_memory(qwen3, tmp_path):
+    got = _spawn(1, _first_step, tmp_path, str(qwen3), 1, 1, False)
+    want = _torch_first_step(qwen3)
+    m = got["metrics"]
+    assert m["loss"] == pytest.approx(want["loss"], rel=BF16_REL)
+    assert m["grad_norm"] == pytest.approx(want["grad_norm"], rel=5 * BF16_REL)
+    assert m["num_micro_batches"] == want["num_micro_batches"] > 1
+    # At least the fp32 master weights and both Adam moments (12 bytes a parameter) left the GPU.
+    assert got["released_bytes"] >= 12 * got["params"]
+    assert got["export_while_released_equal"]
+    assert torch.isfinite(torch.tensor(got["after_resume"]["loss"]))
+
+
+@two_gpus
+@pytest.mark.parametrize(("tensor", "pipeline", "sp"), [(2, 1, False), (2, 1, True), (1, 2, False)],
+                         ids=["tp2", "tp2-sp", "pp2"])
+def test_two_gpu_first_step_loss_matches_the_torch_backend(qwen3, tmp_path, tensor, pipeline, sp):
+    got = _spawn(2, _first_step, tmp_path, str(qwen3), tensor, pipeline, sp)["metrics"]
+    want = _torch_first_step(qwen3)
+    assert got["loss"] == pytest.approx(want["loss"], rel=BF16_REL)
+    assert got["pg_loss"] == pytest.approx(want["pg_loss"], rel=BF16_REL)
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=5 * BF16_REL)
+
+
+def _train_save_then_die(rank, world, store, result, hf, ckpt, k):
+    from rlkube_runtime.trainer.megatron.backend import MegatronBackend
+    from rlkube_runtime.trainer.megatron.model import ParallelSizes
+
+    _init(rank, world, store)
+    backend = MegatronBackend(_config(hf), ParallelSizes(tensor=2))
+    for _ in range(k):
+        batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+        backend.train_step(batch)
+    backend.save_distributed(ckpt)
+    batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+    nxt = backend.train_step(batch)
+    if rank == 0:
+        torch.save({"next": nxt, "old_log_probs": batch.old_log_probs}, result)
+    torch.distributed.barrier()
+    os.kill(os.getpid(), signal.SIGKILL)  # no clean shutdown: the checkpoint must stand alone
+
+
+def _resume_and_step(rank, world, store, result, hf, ckpt):
+    from rlkube_runtime.trainer.megatron.backend import MegatronBackend
+    from rlkube_runtime.trainer.megatron.model import ParallelSizes
+
+    _init(rank, world, store)
+    backend = MegatronBackend(_config(hf), ParallelSizes(tensor=2))
+    backend.load_distributed(ckpt)
+    batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+    nxt = backend.train_step(batch)
+    if rank == 0:
+        torch.save({"next": nxt, "old_log_probs": batch.old_log_probs}, result)
+
+
+@two_gpus
+def test_killed_after_checkpoint_k_a_resumed_tp2_run_takes_the_same_next_step(qwen3, tmp_path):
+    import torch.multiprocessing as mp
+
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(mp.ProcessExitedException):
+        _spawn(2, _train_save_then_die, tmp_path, str(qwen3), str(ckpt), 2)
+    before = torch.load(tmp_path / "result-_train_save_then_die.pt", weights_only=False)
+    after = _spawn(2, _resume_and_step, tmp_path, str(qwen3), str(ckpt))
+    for a, b in zip(after["old_log_probs"], before["old_log_probs"]):
+        assert torch.equal(a, b)  # the restored weights give the very same log-probs
+    assert after["next"]["loss"] == before["next"]["loss"]
+    assert after["next"]["grad_norm"] == pytest.approx(before["next"]["grad_norm"], rel=1e-6)
+    assert after["next"]["lr"] == before["next"]["lr"]
