@@ -16,7 +16,7 @@ from .advantages import (
 )
 from .entropy import entropy_from_logits, log_probs_and_entropy, log_probs_from_logits
 from .kl import KL_ESTIMATORS, compute_approx_kl
-from .loss import policy_objective, value_objective
+from .loss import PolicyLossConfig, policy_objective, value_objective
 from .policy_loss import (
     PPO_KL_FUNCTIONS,
     clipped_policy_loss,
@@ -37,6 +37,7 @@ from .segments import pack, pad, segment_ids_from_lengths, segment_sum, unpack, 
 from .tis import TisWeights, tis_weights
 
 __all__ = [
+    "PolicyLossConfig",
     "ADVANTAGE_ESTIMATORS",
     "KL_ESTIMATORS",
     "PPO_KL_FUNCTIONS",

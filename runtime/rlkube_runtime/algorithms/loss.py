@@ -9,6 +9,7 @@ losses before `backward` gives the gradient of the global loss.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -19,6 +20,41 @@ from .policy_loss import PPO_KL_FUNCTIONS, check_clip_params, clipped_policy_los
 from .reduction import loss_token_weights
 from .segments import segment_ids_from_lengths
 from .tis import tis_weights
+from ..spec.algorithm import AlgorithmSpec, TisSpec
+from ..spec.base import spec_default
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """The policy objective's settings (everything `policy_objective` takes besides tensors and
+    counts); defaults are spec.algorithm's. Checked where used, by the loss's own registries.
+
+    estimator: a key of `PPO_KL_FUNCTIONS` (same names as the advantage estimators).
+    eps_clip, eps_clip_high, eps_clip_c: clip range [1 - eps_clip, 1 + eps_clip_high] (None:
+        eps_clip) and the dual-clip bound (> 1, or None).
+    use_kl_loss, kl_loss_coef, kl_loss_type: KL(current || reference) term in the loss; with
+        coefficient 0 it is reported but not added (and not differentiated).
+    entropy_coef: weight of the entropy bonus.
+    use_tis, tis_clip, tis_clip_low: truncated importance sampling against rollout_log_probs.
+    per_token_loss: mean over all masked tokens instead of mean over samples of token means.
+    """
+
+    estimator: str = spec_default(AlgorithmSpec, "advantage_estimator")
+    eps_clip: float = spec_default(AlgorithmSpec, "eps_clip")
+    eps_clip_high: float | None = spec_default(AlgorithmSpec, "eps_clip_high")
+    eps_clip_c: float | None = spec_default(AlgorithmSpec, "eps_clip_c")
+    use_kl_loss: bool = spec_default(AlgorithmSpec, "use_kl_loss")
+    kl_loss_coef: float = spec_default(AlgorithmSpec, "kl_loss_coef")
+    kl_loss_type: str = spec_default(AlgorithmSpec, "kl_loss_type")
+    entropy_coef: float = spec_default(AlgorithmSpec, "entropy_coef")
+    use_tis: bool = spec_default(TisSpec, "enabled")
+    tis_clip: float = spec_default(TisSpec, "clip")
+    tis_clip_low: float = spec_default(TisSpec, "clip_low")
+    per_token_loss: bool = spec_default(AlgorithmSpec, "per_token_loss")
+
+    @property
+    def clip_high(self) -> float:
+        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
 
 
 def policy_objective(
@@ -30,18 +66,7 @@ def policy_objective(
     entropy: Sequence[Tensor] | None = None,
     ref_log_probs: Sequence[Tensor] | None = None,
     rollout_log_probs: Sequence[Tensor] | None = None,
-    estimator: str = "grpo",
-    eps_clip: float,
-    eps_clip_high: float | None,
-    eps_clip_c: float | None = None,
-    use_kl_loss: bool = False,
-    kl_loss_coef: float = 0.0,
-    kl_loss_type: str = "low_var_kl",
-    entropy_coef: float = 0.0,
-    use_tis: bool = False,
-    tis_clip: float = 2.0,
-    tis_clip_low: float = 0.0,
-    per_token_loss: bool = False,
+    config: PolicyLossConfig,
     global_num_samples: int,
     global_num_tokens: int,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -59,14 +84,7 @@ def policy_objective(
         entropy: B tensors [L_i] per-token entropy of the current policy (needed when entropy_coef != 0).
         ref_log_probs: B tensors [L_i], reference policy (needed when use_kl_loss).
         rollout_log_probs: B tensors [L_i], the engine's log-probs (needed when use_tis).
-        estimator: a key of `PPO_KL_FUNCTIONS` (same names as the advantage estimators).
-        eps_clip, eps_clip_high, eps_clip_c: clip range [1 - eps_clip, 1 + eps_clip_high] (None: eps_clip)
-            and the dual-clip bound (> 1, or None).
-        use_kl_loss, kl_loss_coef, kl_loss_type: KL(current || reference) term in the loss; with
-            coefficient 0 it is reported but not added (and not differentiated).
-        entropy_coef: weight of the entropy bonus.
-        use_tis, tis_clip, tis_clip_low: truncated importance sampling against rollout_log_probs.
-        per_token_loss: mean over all masked tokens instead of mean over samples of token means.
+        config: the objective's settings (`PolicyLossConfig`).
         global_num_samples, global_num_tokens: samples and masked tokens of the whole global batch
             (`reduction.global_counts`).
 
@@ -76,17 +94,18 @@ def policy_objective(
         "kl_loss" when use_kl_loss, "tis" (mean unclamped ratio, as slime) and "tis_clipfrac" when
         use_tis, and "train_rollout_logprob_abs_diff" when rollout_log_probs is given).
     """
-    ppo_kl_fn = lookup(PPO_KL_FUNCTIONS, estimator, "estimator")
-    check_clip_params(eps_clip, eps_clip_high, eps_clip_c)
-    if use_kl_loss:
-        lookup(KL_ESTIMATORS, kl_loss_type, "kl_loss_type")
+    c = config
+    ppo_kl_fn = lookup(PPO_KL_FUNCTIONS, c.estimator, "estimator")
+    check_clip_params(c.eps_clip, c.clip_high, c.eps_clip_c)
+    if c.use_kl_loss:
+        lookup(KL_ESTIMATORS, c.kl_loss_type, "kl_loss_type")
         if ref_log_probs is None:
             raise ValueError("use_kl_loss=True needs ref_log_probs (the reference policy's log-probs)")
-    if use_tis and rollout_log_probs is None:
+    if c.use_tis and rollout_log_probs is None:
         raise ValueError("use_tis=True needs rollout_log_probs (the engine's log-probs of the sampled tokens)")
-    if entropy is None and entropy_coef != 0:
+    if entropy is None and c.entropy_coef != 0:
         raise ValueError(
-            f"entropy_coef={entropy_coef!r} needs the per-token entropy; pass entropy (or set entropy_coef=0)"
+            f"entropy_coef={c.entropy_coef!r} needs the per-token entropy; pass entropy (or set entropy_coef=0)"
         )
 
     if len(loss_masks) == 0:
@@ -107,7 +126,7 @@ def policy_objective(
         mask,
         segment_ids,
         num_segments=num_samples,
-        per_token_loss=per_token_loss,
+        per_token_loss=c.per_token_loss,
         global_num_samples=global_num_samples,
         global_num_tokens=global_num_tokens,
         dtype=log_probs_flat.dtype,
@@ -118,12 +137,12 @@ def policy_objective(
 
     ppo_kl = ppo_kl_fn(log_probs_flat, old_flat, mask, segment_ids, num_samples)
     pg_losses, pg_clipfrac = clipped_policy_loss(
-        ppo_kl, advantages_flat, eps_clip=eps_clip, eps_clip_high=eps_clip_high, eps_clip_c=eps_clip_c
+        ppo_kl, advantages_flat, eps_clip=c.eps_clip, eps_clip_high=c.clip_high, eps_clip_c=c.eps_clip_c
     )
     metrics: dict[str, Tensor] = {}
-    if use_tis:
+    if c.use_tis:
         rollout_flat = flat("rollout_log_probs", rollout_log_probs).detach()
-        tis = tis_weights(old_flat, rollout_flat, clip=tis_clip, clip_low=tis_clip_low)
+        tis = tis_weights(old_flat, rollout_flat, clip=c.tis_clip, clip_low=c.tis_clip_low)
         pg_losses = pg_losses * tis.weights.to(pg_losses.dtype)
 
     pg_loss = reduce(pg_losses)
@@ -135,18 +154,18 @@ def policy_objective(
     if entropy is not None:
         entropy_loss = reduce(flat("entropy", entropy))
         metrics["entropy_loss"] = entropy_loss
-        if entropy_coef != 0:
-            loss = loss - entropy_coef * entropy_loss
+        if c.entropy_coef != 0:
+            loss = loss - c.entropy_coef * entropy_loss
 
-    if use_kl_loss:
-        with_grad = kl_loss_coef != 0
+    if c.use_kl_loss:
+        with_grad = c.kl_loss_coef != 0
         current = log_probs_flat if with_grad else log_probs_flat.detach()
-        kl_loss = reduce(compute_approx_kl(current, flat("ref_log_probs", ref_log_probs).detach(), kl_loss_type))
+        kl_loss = reduce(compute_approx_kl(current, flat("ref_log_probs", ref_log_probs).detach(), c.kl_loss_type))
         metrics["kl_loss"] = kl_loss
         if with_grad:
-            loss = loss + kl_loss_coef * kl_loss
+            loss = loss + c.kl_loss_coef * kl_loss
 
-    if use_tis:
+    if c.use_tis:
         metrics["tis"] = reduce(tis.ratio)
         metrics["tis_clipfrac"] = reduce(tis.clipfrac)
     if rollout_log_probs is not None:

@@ -31,6 +31,8 @@ from rlkube_runtime.plugins import call_plugin, load_callable
 from rlkube_runtime.rewards.math_rules import dapo_reward, deepscaler_reward, math_reward
 from rlkube_runtime.rewards.remote import RemoteRewardClient
 from rlkube_runtime.rewards.text_rules import exact_reward, f1_reward
+from rlkube_runtime.spec.base import spec_default
+from rlkube_runtime.spec.reward import RewardSpec
 from rlkube_runtime.rewards.values import to_reward_value
 
 RuleReward = Callable[[str, Any], float]
@@ -55,8 +57,8 @@ class RewardConfig:
     reward_type: str
     custom_path: str | None = None
     url: str | None = None
-    timeout_seconds: float = 30.0
-    max_retries: int = 3
+    timeout_seconds: float = spec_default(RewardSpec, "timeout_seconds")
+    max_retries: int = spec_default(RewardSpec, "max_retries")
     group_reward_function: str | None = None
 
     def __post_init__(self) -> None:
@@ -85,8 +87,8 @@ class RewardConfig:
             reward_type=spec.type,
             custom_path=getattr(spec, "custom_path", None),
             url=getattr(spec, "url", None),
-            timeout_seconds=getattr(spec, "timeout_seconds", 30.0),
-            max_retries=getattr(spec, "max_retries", 3),
+            timeout_seconds=getattr(spec, "timeout_seconds", cls.timeout_seconds),
+            max_retries=getattr(spec, "max_retries", cls.max_retries),
             group_reward_function=getattr(spec, "group_reward_function", None),
         )
 

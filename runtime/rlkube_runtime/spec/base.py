@@ -53,6 +53,15 @@ def cross_field_error(violations: list[tuple[str, str]]) -> PydanticCustomError:
     return PydanticCustomError(CROSS_FIELD_ERROR, "{summary}", {"summary": summary, "violations": violations})
 
 
+def spec_default(model_cls: type[BaseModel], field_name: str) -> Any:
+    """The default of one spec field (snake_case name), for code that must agree with the spec
+    without restating its values (the trainer's and reward step's config objects)."""
+    field = model_cls.model_fields[field_name]
+    if field.default_factory is not None:
+        return field.default_factory()
+    return field.default
+
+
 def section(model_cls: type[BaseModel], description: str, *, rules: tuple[dict[str, str], ...] = ()) -> Any:
     """A spec section that may be omitted: it defaults to the section's own defaults.
 

@@ -1,10 +1,10 @@
 """Plain, typed configuration for trainer backends.
 
 Backends take these small dataclasses rather than the whole RLJob spec, so a backend only sees
-the part it needs and does not depend on the spec package's exact shape. Each class has a
-`from_spec(spec)` classmethod that reads the documented spec attributes duck-typed (any object
-with those attributes works). Validation raises `ValueError` naming the field and value; it
-never changes a value.
+the part it needs. `TrainerConfig.from_spec(spec)` is the one builder from a typed RLJob spec
+(production and tests alike); every default is read from the spec's own fields (`spec_default`),
+so a default is written once, in the spec. Validation raises `ValueError` naming the field and
+value; it never changes a value.
 """
 
 from __future__ import annotations
@@ -12,6 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..algorithms.loss import PolicyLossConfig
+from ..spec.model import ModelSpec
+from ..spec.parallelism import ParallelismSpec
+from ..spec.algorithm import AlgorithmSpec
+from ..spec.base import spec_default
+from ..spec.training import OptimizerSpec, TrainingSpec
+from ..spec.rollout import RolloutSpec
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 OPTIMIZER_TYPES = ("adam", "adamw")
@@ -29,17 +37,17 @@ class OptimizerConfig:
     every style. `clip_grad` <= 0 turns clipping off (the norm is still reported).
     """
 
-    type: str = "adam"
-    lr: float = 1e-6
-    lr_decay_style: str = "constant"
-    min_lr: float = 0.0
-    warmup_steps: int = 0
+    type: str = spec_default(OptimizerSpec, "type")
+    lr: float = spec_default(OptimizerSpec, "lr")
+    lr_decay_style: str = spec_default(OptimizerSpec, "lr_decay_style")
+    min_lr: float = spec_default(OptimizerSpec, "min_lr")
+    warmup_steps: int = spec_default(OptimizerSpec, "warmup_steps")
     decay_steps: int | None = None
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-8
-    clip_grad: float = 1.0
+    weight_decay: float = spec_default(OptimizerSpec, "weight_decay")
+    beta1: float = spec_default(OptimizerSpec, "beta1")
+    beta2: float = spec_default(OptimizerSpec, "beta2")
+    eps: float = spec_default(OptimizerSpec, "eps")
+    clip_grad: float = spec_default(OptimizerSpec, "clip_grad")
 
     def __post_init__(self) -> None:
         if self.type not in OPTIMIZER_TYPES:
@@ -66,24 +74,20 @@ class OptimizerConfig:
 
     @classmethod
     def from_spec(cls, spec: Any) -> OptimizerConfig:
-        opt = spec.training.optimizer
-        num_rollout = getattr(spec.training, "num_rollout", None)
-        steps_per_rollout = getattr(spec.training, "num_steps_per_rollout", None)
-        decay_steps = (
-            num_rollout * steps_per_rollout if num_rollout is not None and steps_per_rollout is not None else None
-        )
+        """The decay reaches min_lr at the run's last optimizer step (numRollout x numStepsPerRollout)."""
+        opt, training = spec.training.optimizer, spec.training
         return cls(
-            type=_get(opt, "type", cls.type),
-            lr=_get(opt, "lr", cls.lr),
-            lr_decay_style=_get(opt, "lr_decay_style", cls.lr_decay_style),
-            min_lr=_get(opt, "min_lr", cls.min_lr),
-            warmup_steps=_get(opt, "warmup_steps", cls.warmup_steps),
-            decay_steps=decay_steps,
-            weight_decay=_get(opt, "weight_decay", cls.weight_decay),
-            beta1=_get(opt, "beta1", cls.beta1),
-            beta2=_get(opt, "beta2", cls.beta2),
-            eps=_get(opt, "eps", cls.eps),
-            clip_grad=_get(opt, "clip_grad", cls.clip_grad),
+            type=opt.type,
+            lr=opt.lr,
+            lr_decay_style=opt.lr_decay_style,
+            min_lr=opt.min_lr,
+            warmup_steps=opt.warmup_steps,
+            decay_steps=training.num_rollout * training.num_steps_per_rollout,
+            weight_decay=opt.weight_decay,
+            beta1=opt.beta1,
+            beta2=opt.beta2,
+            eps=opt.eps,
+            clip_grad=opt.clip_grad,
         )
 
 
@@ -97,9 +101,9 @@ class BatchingConfig:
     into one row, so no padding either way).
     """
 
-    dynamic_batch_size: bool = True
-    max_tokens_per_gpu: int | None = None
-    micro_batch_size: int = 1
+    dynamic_batch_size: bool = spec_default(ParallelismSpec, "dynamic_batch_size")
+    max_tokens_per_gpu: int | None = spec_default(ParallelismSpec, "max_tokens_per_gpu")
+    micro_batch_size: int = spec_default(ParallelismSpec, "micro_batch_size")
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_gpu is not None and self.max_tokens_per_gpu < 1:
@@ -111,34 +115,19 @@ class BatchingConfig:
     def from_spec(cls, spec: Any) -> BatchingConfig:
         par = spec.parallelism
         return cls(
-            dynamic_batch_size=_get(par, "dynamic_batch_size", cls.dynamic_batch_size),
-            max_tokens_per_gpu=_get(par, "max_tokens_per_gpu", cls.max_tokens_per_gpu),
-            micro_batch_size=_get(par, "micro_batch_size", cls.micro_batch_size),
+            dynamic_batch_size=par.dynamic_batch_size,
+            max_tokens_per_gpu=par.max_tokens_per_gpu,
+            micro_batch_size=par.micro_batch_size,
         )
 
 
 @dataclass(frozen=True)
-class LossConfig:
-    """The policy objective's knobs, passed as keywords to `algorithms.loss.policy_objective`.
+class LossConfig(PolicyLossConfig):
+    """The policy objective's settings (`algorithms.loss.PolicyLossConfig`, what `policy_objective`
+    takes as is) plus the reward-side KL coefficient, which is no loss term but needs the
+    reference model's log-probs just as the KL loss does."""
 
-    Names (estimator, kl_loss_type) are checked by the loss module's registry, which knows them.
-    """
-
-    estimator: str = "grpo"
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
-    eps_clip_c: float | None = None
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.0
-    kl_loss_type: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    per_token_loss: bool = False
-    use_tis: bool = False
-    tis_clip: float = 2.0
-    tis_clip_low: float = 0.0
-    # Not a loss term: the KL penalty reinforce++ folds into the rewards; it needs the reference
-    # model's log-probs just as the KL loss does.
-    reward_kl_coef: float = 0.0
+    reward_kl_coef: float = spec_default(AlgorithmSpec, "kl_coef")
 
     def __post_init__(self) -> None:
         _positive("algorithm.eps_clip", self.eps_clip)
@@ -151,45 +140,23 @@ class LossConfig:
     def needs_ref_model(self) -> bool:
         return self.use_kl_loss or self.reward_kl_coef != 0
 
-    def objective_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `policy_objective` (everything but the tensors and counts)."""
-        return {
-            "estimator": self.estimator,
-            "eps_clip": self.eps_clip,
-            "eps_clip_high": self.eps_clip if self.eps_clip_high is None else self.eps_clip_high,
-            "eps_clip_c": self.eps_clip_c,
-            "use_kl_loss": self.use_kl_loss,
-            "kl_loss_coef": self.kl_loss_coef,
-            "kl_loss_type": self.kl_loss_type,
-            "entropy_coef": self.entropy_coef,
-            "use_tis": self.use_tis,
-            "tis_clip": self.tis_clip,
-            "tis_clip_low": self.tis_clip_low,
-            "per_token_loss": self.per_token_loss,
-        }
-
     @classmethod
     def from_spec(cls, spec: Any) -> LossConfig:
         alg = spec.algorithm
-        eps_clip = _get(alg, "eps_clip", cls.eps_clip)
-        eps_clip_high = getattr(alg, "effective_eps_clip_high", None)
-        if eps_clip_high is None:
-            eps_clip_high = _get(alg, "eps_clip_high", None)
-        tis = getattr(alg, "tis", None)
         return cls(
-            estimator=_get(alg, "advantage_estimator", cls.estimator),
-            eps_clip=eps_clip,
-            eps_clip_high=eps_clip_high,
-            eps_clip_c=_get(alg, "eps_clip_c", None),
-            use_kl_loss=_get(alg, "use_kl_loss", cls.use_kl_loss),
-            kl_loss_coef=_get(alg, "kl_loss_coef", cls.kl_loss_coef),
-            kl_loss_type=_get(alg, "kl_loss_type", cls.kl_loss_type),
-            entropy_coef=_get(alg, "entropy_coef", cls.entropy_coef),
-            per_token_loss=_get(alg, "per_token_loss", cls.per_token_loss),
-            use_tis=bool(_get(tis, "enabled", False)) if tis is not None else False,
-            tis_clip=_get(tis, "clip", cls.tis_clip) if tis is not None else cls.tis_clip,
-            tis_clip_low=_get(tis, "clip_low", cls.tis_clip_low) if tis is not None else cls.tis_clip_low,
-            reward_kl_coef=_get(alg, "kl_coef", cls.reward_kl_coef),
+            estimator=alg.advantage_estimator,
+            eps_clip=alg.eps_clip,
+            eps_clip_high=alg.effective_eps_clip_high,
+            eps_clip_c=alg.eps_clip_c,
+            use_kl_loss=alg.use_kl_loss,
+            kl_loss_coef=alg.kl_loss_coef,
+            kl_loss_type=alg.kl_loss_type,
+            entropy_coef=alg.entropy_coef,
+            per_token_loss=alg.per_token_loss,
+            use_tis=alg.tis.enabled,
+            tis_clip=alg.tis.clip,
+            tis_clip_low=alg.tis.clip_low,
+            reward_kl_coef=alg.kl_coef,
         )
 
 
@@ -205,9 +172,9 @@ class ModelConfig:
 
     hf_checkpoint: str
     ref_load: str | None = None
-    dtype: str = "bfloat16"
+    dtype: str = spec_default(ModelSpec, "dtype")
     attn_implementation: str = "sdpa"
-    trust_remote_code: bool = False  # run the checkpoint's own model/tokenizer code (spec.model.trustRemoteCode)
+    trust_remote_code: bool = spec_default(ModelSpec, "trust_remote_code")  # run the checkpoint's own code
 
     def __post_init__(self) -> None:
         if not self.hf_checkpoint:
@@ -223,16 +190,13 @@ class ModelConfig:
     def from_spec(cls, spec: Any, *, hf_checkpoint: str | None = None) -> ModelConfig:
         """`hf_checkpoint` overrides `spec.model.hf_checkpoint` (e.g. a preset's resolved directory)."""
         m = spec.model
-        path = hf_checkpoint or _get(m, "hf_checkpoint", None)
+        path = hf_checkpoint or m.hf_checkpoint
         if path is None:
             raise ValueError(
                 "model.hf_checkpoint is unset; the torch backend loads an HF directory: set "
                 "model.hfCheckpoint or pass the resolved preset directory as hf_checkpoint="
             )
-        dtype = _get(m, "dtype", cls.dtype)
-        dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(str(dtype), str(dtype))
-        return cls(hf_checkpoint=str(path), ref_load=_get(m, "ref_load", None), dtype=dtype,
-                   trust_remote_code=bool(_get(m, "trust_remote_code", False)))
+        return cls(hf_checkpoint=str(path), ref_load=m.ref_load, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
 
 
 @dataclass(frozen=True)
@@ -246,9 +210,9 @@ class TrainerConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     # Log-probs are taken from log_softmax(logits / temperature), the distribution the engines
     # sampled from, so the PPO ratio and TIS compare like with like (0: the logits as they are).
-    temperature: float = 1.0
-    seed: int = 1234
-    recompute: str = "none"
+    temperature: float = spec_default(RolloutSpec, "temperature")
+    seed: int = spec_default(TrainingSpec, "seed")
+    recompute: str = spec_default(ParallelismSpec, "recompute")
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -258,22 +222,16 @@ class TrainerConfig:
 
     @classmethod
     def from_spec(cls, spec: Any, *, hf_checkpoint: str | None = None) -> TrainerConfig:
-        """Read an RLJob spec (duck-typed); `hf_checkpoint` as in `ModelConfig.from_spec`."""
+        """Read a typed RLJob spec; `hf_checkpoint` as in `ModelConfig.from_spec`."""
         return cls(
             model=ModelConfig.from_spec(spec, hf_checkpoint=hf_checkpoint),
             optimizer=OptimizerConfig.from_spec(spec),
             batching=BatchingConfig.from_spec(spec),
             loss=LossConfig.from_spec(spec),
-            temperature=_get(spec.rollout, "temperature", 1.0),
-            seed=_get(spec.training, "seed", 1234),
-            recompute=_get(getattr(spec, "parallelism", None), "recompute", "none"),
+            temperature=spec.rollout.temperature,
+            seed=spec.training.seed,
+            recompute=spec.parallelism.recompute,
         )
-
-
-def _get(obj: Any, name: str, default: Any) -> Any:
-    """`obj.name`, or `default` when the attribute is missing or None."""
-    value = getattr(obj, name, None)
-    return default if value is None else value
 
 
 def _positive(name: str, value: float) -> None:

@@ -218,7 +218,7 @@ class TorchBackend:
                     rollout_log_probs=self._to_device(mb.rollout_log_probs),
                     global_num_samples=num_samples,
                     global_num_tokens=num_tokens,
-                    **loss_cfg.objective_kwargs(),
+                    config=loss_cfg,
                 )
                 # DDP averages gradients over ranks; the global loss is their sum.
                 (loss * self.world_size).backward()

@@ -1,9 +1,11 @@
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from rlkube_runtime.algorithms import compute_approx_kl, global_counts, policy_objective, value_objective
+from rlkube_runtime.algorithms.loss import PolicyLossConfig
 
 D = torch.float64
 
@@ -28,6 +30,14 @@ def _hand_batch():
     )
 
 
+def _objective(**kwargs):
+    """`policy_objective` with its settings spelled as keywords beside the tensors, as these tests
+    write them: they go into the PolicyLossConfig it takes."""
+    names = {f.name for f in dataclasses.fields(PolicyLossConfig)}
+    settings = {key: kwargs.pop(key) for key in list(kwargs) if key in names}
+    return policy_objective(**kwargs, config=PolicyLossConfig(**settings))
+
+
 HAND_CONFIG = dict(
     eps_clip=0.2,
     eps_clip_high=0.28,
@@ -49,7 +59,7 @@ def test_policy_objective_per_sample_loss_metrics_and_gradient_by_hand():
     # loss = 0.038333 - 0.01 * 1.0 + 0.5 * 0.1 = 0.078333
     # ppo_kl = (-(ln 1.1 + ln 1.5) / 2 + (ln 2 - ln 2 + 0) / 3) / 2 = -0.125194
     batch = _hand_batch()
-    loss, metrics = policy_objective(**batch, **HAND_CONFIG)
+    loss, metrics = _objective(**batch, **HAND_CONFIG)
     assert loss.item() == pytest.approx(0.0783333, abs=1e-6)
     assert metrics["loss"].item() == pytest.approx(0.0783333, abs=1e-6)
     assert metrics["pg_loss"].item() == pytest.approx(0.0383333, abs=1e-6)
@@ -70,7 +80,7 @@ def test_policy_objective_per_sample_loss_metrics_and_gradient_by_hand():
 def test_policy_objective_per_token_reduction_by_hand():
     # pg: (-1.1 - 1.28 + 0.8 + 2.0 + 1.0) / 5 = 0.284; entropy (1 + 2 + 0.5 * 3) / 5 = 0.9; kl 0.1; clipfrac 2/5
     # loss = 0.284 - 0.01 * 0.9 + 0.5 * 0.1 = 0.325
-    loss, metrics = policy_objective(**_hand_batch(), **{**HAND_CONFIG, "per_token_loss": True})
+    loss, metrics = _objective(**_hand_batch(), **{**HAND_CONFIG, "per_token_loss": True})
     assert loss.item() == pytest.approx(0.325)
     assert metrics["pg_loss"].item() == pytest.approx(0.284)
     assert metrics["entropy_loss"].item() == pytest.approx(0.9)
@@ -82,7 +92,7 @@ def test_policy_objective_applies_tis_weights_and_reports_the_ratio():
     # s1 rollout = old -> weight 1. pg s0 = (-1.1 * 1 + -1.28 * 2) / 2 = -1.83 -> pg_loss = (-1.83 + 1.266667) / 2
     batch = _hand_batch()
     rollout = [batch["old_log_probs"][0] - torch.tensor([0.0, math.log(3)], dtype=D), batch["old_log_probs"][1].clone()]
-    _, metrics = policy_objective(**batch, rollout_log_probs=rollout, **{**HAND_CONFIG, "use_tis": True})
+    _, metrics = _objective(**batch, rollout_log_probs=rollout, **{**HAND_CONFIG, "use_tis": True})
     assert metrics["pg_loss"].item() == pytest.approx((-1.83 + 3.8 / 3) / 2)
     assert metrics["tis"].item() == pytest.approx(((1 + 3) / 2 + 1) / 2)
     assert metrics["tis_clipfrac"].item() == pytest.approx((0.5 + 0) / 2)
@@ -128,7 +138,7 @@ def test_policy_objective_gradient_matches_autograd_of_the_written_formula():
     )
     rollout = [o + 0.3 * torch.randn(o.shape, generator=gen, dtype=D) for o in batch["old_log_probs"]]
     config = dict(eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=3.0, kl_loss_coef=0.1, entropy_coef=0.01, tis_clip=2.0)
-    loss, _ = policy_objective(
+    loss, _ = _objective(
         **batch,
         rollout_log_probs=rollout,
         use_kl_loss=True,
@@ -155,8 +165,8 @@ def test_policy_objective_gradient_matches_autograd_of_the_written_formula():
 
 def test_policy_objective_is_additive_over_micro_batches_in_every_metric():
     batch = _hand_batch()
-    whole_loss, whole = policy_objective(**batch, **HAND_CONFIG)
-    parts = [policy_objective(**{k: [v[i]] for k, v in batch.items()}, **HAND_CONFIG) for i in range(2)]
+    whole_loss, whole = _objective(**batch, **HAND_CONFIG)
+    parts = [_objective(**{k: [v[i]] for k, v in batch.items()}, **HAND_CONFIG) for i in range(2)]
     assert sum(loss.item() for loss, _ in parts) == pytest.approx(whole_loss.item())
     for key in whole:
         assert sum(m[key].item() for _, m in parts) == pytest.approx(whole[key].item()), key
@@ -167,14 +177,14 @@ def test_gspo_objective_uses_one_ratio_per_sample():
     # -> clipped: loss -1.28 and clipfrac 1 on each token; this micro-batch holds 1 of the 2 global samples -> halved
     batch = _hand_batch()
     config = {**HAND_CONFIG, "use_kl_loss": False, "entropy_coef": 0.0}
-    _, metrics = policy_objective(**{k: [v[0]] for k, v in batch.items()}, estimator="gspo", **config)
+    _, metrics = _objective(**{k: [v[0]] for k, v in batch.items()}, estimator="gspo", **config)
     assert metrics["pg_loss"].item() == pytest.approx(-1.28 / 2)
     assert metrics["pg_clipfrac"].item() == pytest.approx(1 / 2)
 
 
 def test_kl_loss_with_zero_coefficient_is_reported_but_not_differentiated():
     batch = _hand_batch()
-    loss, metrics = policy_objective(**batch, **{**HAND_CONFIG, "kl_loss_coef": 0.0})
+    loss, metrics = _objective(**batch, **{**HAND_CONFIG, "kl_loss_coef": 0.0})
     assert metrics["kl_loss"].item() == pytest.approx(0.1)
     loss.backward()
     # without the KL term the s0 gradient is [-1.1/4, 0]
@@ -184,16 +194,16 @@ def test_kl_loss_with_zero_coefficient_is_reported_but_not_differentiated():
 def test_policy_objective_rejects_bad_configuration():
     batch = _hand_batch()
     with pytest.raises(ValueError, match=r"estimator='dpo'.*grpo, gspo"):
-        policy_objective(**batch, **{**HAND_CONFIG, "estimator": "dpo"})
+        _objective(**batch, **{**HAND_CONFIG, "estimator": "dpo"})
     with pytest.raises(ValueError, match="use_tis=True needs rollout_log_probs"):
-        policy_objective(**batch, **{**HAND_CONFIG, "use_tis": True})
+        _objective(**batch, **{**HAND_CONFIG, "use_tis": True})
     with pytest.raises(ValueError, match="kl_loss_type='kl'"):
-        policy_objective(**batch, **{**HAND_CONFIG, "kl_loss_type": "kl"})
+        _objective(**batch, **{**HAND_CONFIG, "kl_loss_type": "kl"})
     with pytest.raises(ValueError, match=r"advantages\[1\] has 3 tokens"):
-        policy_objective(**{**batch, "advantages": [torch.ones(2), torch.ones(3)]}, **HAND_CONFIG)
+        _objective(**{**batch, "advantages": [torch.ones(2), torch.ones(3)]}, **HAND_CONFIG)
     no_ref = {k: v for k, v in batch.items() if k != "ref_log_probs"}
     with pytest.raises(ValueError, match="use_kl_loss=True needs ref_log_probs"):
-        policy_objective(**no_ref, **HAND_CONFIG)
+        _objective(**no_ref, **HAND_CONFIG)
 
 
 def test_value_objective_by_hand():
@@ -215,7 +225,7 @@ def test_value_objective_by_hand():
 
 def test_kl_used_in_the_objective_is_compute_approx_kl():
     batch = _hand_batch()
-    _, metrics = policy_objective(**batch, **{**HAND_CONFIG, "kl_loss_type": "k2"})
+    _, metrics = _objective(**batch, **{**HAND_CONFIG, "kl_loss_type": "k2"})
     # k2 = 0.1^2 / 2 = 0.005 on every token
     assert metrics["kl_loss"].item() == pytest.approx(
         compute_approx_kl(torch.tensor(0.1), torch.tensor(0.0), "k2").item()

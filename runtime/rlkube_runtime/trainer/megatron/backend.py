@@ -537,7 +537,7 @@ class MegatronBackend:
             rollout_log_probs=self._to_device(b.rollout_log_probs),
             global_num_samples=counts[0],
             global_num_tokens=counts[1],
-            **loss_cfg.objective_kwargs(),
+            config=loss_cfg,
         )
         weight = mb["weight"]
         # The schedule divides by the micro-batch count; DDP (GPU) averages over data-parallel ranks.
