@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -189,7 +190,6 @@ def _parity(model, pairs, device) -> dict:
 
 
 def trainer(args, device, model_dir, results) -> dict:
-    from rlkube_runtime.trainer.batch import TrainBatch
     from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
     from rlkube_runtime.trainer.torch_backend import TorchBackend
 
@@ -200,26 +200,9 @@ def trainer(args, device, model_dir, results) -> dict:
         loss=LossConfig(),
     )
     backend = TorchBackend(config, device=device)
-    vocab = backend.model.config.vocab_size
-    g = torch.Generator().manual_seed(0)
     n, p, r = args.train_samples, args.prompt_len, args.new_tokens
-    batch = TrainBatch.from_lists(
-        tokens=[torch.randint(3, vocab, (p + r,), generator=g).tolist() for _ in range(n)],
-        response_lengths=[r] * n,
-        loss_masks=[[1] * r for _ in range(n)],
-        advantages=[[float(torch.randn(1, generator=g))] * r for _ in range(n)],
-    )
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def timed(fn, repeat=3):
-        times = []
-        for _ in range(repeat):
-            sync()
-            t = time.monotonic()
-            value = fn()
-            sync()
-            times.append(time.monotonic() - t)
-        return statistics.median(times), value
+    batch = grpo_batch(backend.model.config.vocab_size, n, p, r)
+    timed = partial(median_time, device=device)
 
     fwd_s, old = timed(lambda: backend.compute_log_probs(batch).log_probs)
     batch = batch.with_fields(old_log_probs=old)
@@ -244,6 +227,33 @@ def trainer(args, device, model_dir, results) -> dict:
             out[f"{label}_s"], out[f"onload_after_{label}_s"] = release_s, resume_s
     del backend
     return out
+
+
+def grpo_batch(vocab: int, samples: int, prompt_len: int, response_len: int):
+    """The trainer benchmarks' batch: random tokens, every response token in the loss, one seeded
+    random advantage per sample (a GRPO-shaped batch without the rollout)."""
+    from rlkube_runtime.trainer.batch import TrainBatch
+
+    g = torch.Generator().manual_seed(0)
+    return TrainBatch.from_lists(
+        tokens=[torch.randint(3, vocab, (prompt_len + response_len,), generator=g).tolist() for _ in range(samples)],
+        response_lengths=[response_len] * samples,
+        loss_masks=[[1] * response_len for _ in range(samples)],
+        advantages=[[float(torch.randn(1, generator=g))] * response_len for _ in range(samples)],
+    )
+
+
+def median_time(fn, repeat: int = 3, *, device: str):
+    """(median seconds of `repeat` calls, the last call's value), synchronising a GPU around each."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times = []
+    for _ in range(repeat):
+        sync()
+        started = time.monotonic()
+        value = fn()
+        sync()
+        times.append(time.monotonic() - started)
+    return statistics.median(times), value
 
 
 def _train_flops(config, samples: int, length: int, response: int) -> float:

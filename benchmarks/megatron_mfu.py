@@ -21,16 +21,15 @@ import argparse
 import json
 import os
 import shlex
-import statistics
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_components import _display, _machine, _num, _train_flops, ceilings  # noqa: E402
+from gpu_components import _display, _machine, _num, _train_flops, ceilings, grpo_batch, median_time  # noqa: E402
 from qwen3_shape import QWEN3_06B, TINY, build_checkpoint, qwen3_config  # noqa: E402
 
 # Dense bf16 peaks (no sparsity), by device name fragment, for MFU against the spec sheet.
@@ -69,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args, device, model_dir, results) -> dict:
-    from rlkube_runtime.trainer.batch import TrainBatch
     from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
     from rlkube_runtime.trainer.megatron.backend import MegatronBackend
     from rlkube_runtime.trainer.megatron.model import ParallelSizes
@@ -83,26 +81,9 @@ def measure(args, device, model_dir, results) -> dict:
     sizes = ParallelSizes(tensor=args.tensor, pipeline=args.pipeline, sequence_parallel=args.sequence_parallel,
                           recompute=args.recompute)
     backend = MegatronBackend(config, sizes, device="cpu" if device == "cpu" else None)
-    vocab = backend.arch.vocab_size
-    g = torch.Generator().manual_seed(0)
     n, p, r = args.train_samples, args.prompt_len, args.new_tokens
-    batch = TrainBatch.from_lists(
-        tokens=[torch.randint(3, vocab, (p + r,), generator=g).tolist() for _ in range(n)],
-        response_lengths=[r] * n,
-        loss_masks=[[1] * r for _ in range(n)],
-        advantages=[[float(torch.randn(1, generator=g))] * r for _ in range(n)],
-    )
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def timed(fn, repeat=3):
-        times = []
-        for _ in range(repeat):
-            sync()
-            t = time.monotonic()
-            value = fn()
-            sync()
-            times.append(time.monotonic() - t)
-        return statistics.median(times), value
+    batch = grpo_batch(backend.arch.vocab_size, n, p, r)
+    timed = partial(median_time, device=device)
 
     fwd_s, old = timed(lambda: backend.compute_log_probs(batch).log_probs)
     batch = batch.with_fields(old_log_probs=old)

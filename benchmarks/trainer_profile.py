@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_components import _train_flops  # noqa: E402
+from gpu_components import _train_flops, grpo_batch  # noqa: E402
 from qwen3_shape import QWEN3_06B, TINY, build_checkpoint  # noqa: E402
 
 VARIANTS = ("base", "eager", "mb8k", "mb32k", "flash", "bf16w")
@@ -79,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_variant(name: str, model_dir: Path, device: str, args, ceiling: float | None, *, profile: bool) -> dict:
-    from rlkube_runtime.trainer.batch import TrainBatch
     from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
     from rlkube_runtime.trainer.torch_backend import TorchBackend
 
@@ -96,15 +95,8 @@ def run_variant(name: str, model_dir: Path, device: str, args, ceiling: float | 
     backend = TorchBackend(config, device=device)
     if name == "bf16w":
         backend.model.to(torch.bfloat16)
-    vocab = backend.model.config.vocab_size
-    g = torch.Generator().manual_seed(0)
     n, p, r = args.train_samples, args.prompt_len, args.new_tokens
-    batch = TrainBatch.from_lists(
-        tokens=[torch.randint(3, vocab, (p + r,), generator=g).tolist() for _ in range(n)],
-        response_lengths=[r] * n,
-        loss_masks=[[1] * r for _ in range(n)],
-        advantages=[[float(torch.randn(1, generator=g))] * r for _ in range(n)],
-    )
+    batch = grpo_batch(backend.model.config.vocab_size, n, p, r)
     context = contextlib.nullcontext
     if name == "flash":
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..algorithms.loss import PolicyLossConfig
+from ..algorithms.reduction import global_counts
+
 # Per-token optional fields, in the order they are filled during a step.
 OPTIONAL_TOKEN_FIELDS = ("rollout_log_probs", "old_log_probs", "ref_log_probs")
 
@@ -127,3 +130,24 @@ class TrainBatch:
     def with_fields(self, **columns: list[torch.Tensor] | None) -> TrainBatch:
         """A copy with some columns replaced (e.g. `old_log_probs=...`), validated again."""
         return dataclasses.replace(self, **columns)
+
+
+def loss_counts(
+    batch: TrainBatch, loss: PolicyLossConfig, *, global_num_samples: int | None, global_num_tokens: int | None
+) -> tuple[int, int]:
+    """Check that `batch` carries what the objective needs, and return the (samples, masked
+    tokens) its loss is normalised by: the global counts given, else `batch`'s own. Every
+    backend starts a training step with this, so each refuses the same batches in the same words."""
+    if len(batch) == 0:
+        raise ValueError("train_step got an empty batch; a global batch needs at least one sample")
+    needed = [("old_log_probs", "fill it with compute_log_probs(batch, model='actor')")]
+    if loss.use_kl_loss:
+        needed.append(("ref_log_probs", "use_kl_loss is on: fill it with compute_log_probs(batch, model='ref')"))
+    if loss.use_tis:
+        needed.append(("rollout_log_probs", "TIS is on: pass the engine's per-token log-probs"))
+    for field, how in needed:
+        if getattr(batch, field) is None:
+            raise ValueError(f"train_step needs TrainBatch.{field}, which is None; {how}")
+    samples, tokens = global_counts(batch.loss_masks)
+    return (samples if global_num_samples is None else global_num_samples,
+            tokens if global_num_tokens is None else global_num_tokens)

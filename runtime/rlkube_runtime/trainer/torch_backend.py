@@ -34,9 +34,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..algorithms.entropy import log_probs_and_entropy
 from ..algorithms.loss import policy_objective
-from ..algorithms.reduction import global_counts
 from .backend import LogProbs
-from .batch import TrainBatch
+from .batch import TrainBatch, loss_counts
 from .config import TrainerConfig
 from .lr_schedule import LRSchedule
 from ..memory import PinnedOffload
@@ -183,17 +182,10 @@ class TorchBackend:
         micro-batches and ranks, and "num_micro_batches" (this rank's).
         """
         self._check_resident("train_step")
-        if len(batch) == 0:
-            raise ValueError("train_step got an empty batch; a global batch needs at least one sample")
         loss_cfg = self.config.loss
-        _require(batch, "old_log_probs", "fill it with compute_log_probs(batch, model='actor')")
-        if loss_cfg.use_kl_loss:
-            _require(batch, "ref_log_probs", "use_kl_loss is on: fill it with compute_log_probs(batch, model='ref')")
-        if loss_cfg.use_tis:
-            _require(batch, "rollout_log_probs", "TIS is on: pass the engine's per-token log-probs")
-        counted_samples, counted_tokens = global_counts(batch.loss_masks)
-        num_samples = counted_samples if global_num_samples is None else global_num_samples
-        num_tokens = counted_tokens if global_num_tokens is None else global_num_tokens
+        num_samples, num_tokens = loss_counts(
+            batch, loss_cfg, global_num_samples=global_num_samples, global_num_tokens=global_num_tokens
+        )
 
         local = batch.select(partition_for_ranks(batch.total_lengths, self.world_size)[self.rank])
         plan = self._plan(local)
@@ -499,11 +491,6 @@ def _make_adamw(model: torch.nn.Module, config: TrainerConfig) -> torch.optim.Ad
     return torch.optim.AdamW(
         [g for g in groups if g["params"]], lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, fused=fused
     )
-
-
-def _require(batch: TrainBatch, field: str, how: str) -> None:
-    if getattr(batch, field) is None:
-        raise ValueError(f"train_step needs TrainBatch.{field}, which is None; {how}")
 
 
 def _to_cpu(obj: Any) -> Any:

@@ -37,13 +37,13 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from ...algorithms.entropy import entropy_from_logits, log_probs_from_logits
+from ...algorithms.entropy import log_probs_and_entropy
 from ...algorithms.loss import policy_objective
-from ...algorithms.reduction import global_counts
 from ..backend import LogProbs
-from ..batch import TrainBatch
+from ..batch import TrainBatch, loss_counts
 from ..config import TrainerConfig
 from ..lr_schedule import LRSchedule
+from ..torch_backend import compile_enabled
 from ..packing import pad_rows, partition_for_ranks, plan_micro_batches
 from . import convert
 from .cpu import in_cpu_mode
@@ -81,6 +81,8 @@ class MegatronBackend:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.cpu = self.device.type == "cpu"
+        # On a GPU the log-prob/entropy chunks run compiled, as in the torch backend (RLKUBE_TORCH_COMPILE=0: eager).
+        self._compiled = not self.cpu and compile_enabled()
         self.dtype = torch.float32 if self.cpu else _DTYPES[config.model.dtype]
         self._model_over, self._optim_over = split_megatron_args(megatron_args or {})
         if self.cpu and self._optim_over:
@@ -210,17 +212,9 @@ class MegatronBackend:
         """The gradient of the global-batch loss in every parameter's grad (main_grad on GPU);
         no step. Returns the loss metrics summed over micro-batches and ranks."""
         self._check_resident("train_step")
-        if len(batch) == 0:
-            raise ValueError("train_step got an empty batch; a global batch needs at least one sample")
-        loss_cfg = self.config.loss
-        _require(batch, "old_log_probs", "fill it with compute_log_probs(batch, model='actor')")
-        if loss_cfg.use_kl_loss:
-            _require(batch, "ref_log_probs", "use_kl_loss is on: fill it with compute_log_probs(batch, model='ref')")
-        if loss_cfg.use_tis:
-            _require(batch, "rollout_log_probs", "TIS is on: pass the engine's per-token log-probs")
-        counted_samples, counted_tokens = global_counts(batch.loss_masks)
-        counts = (counted_samples if global_num_samples is None else global_num_samples,
-                  counted_tokens if global_num_tokens is None else global_num_tokens)
+        counts = loss_counts(
+            batch, self.config.loss, global_num_samples=global_num_samples, global_num_tokens=global_num_tokens
+        )
 
         mine = partition_for_ranks(batch.total_lengths, self.dp_size)[self.dp_rank]
         local = batch.select(mine)
@@ -514,8 +508,11 @@ class MegatronBackend:
         z = self._response_logits(mb, logits)
         t = self.config.temperature
         split = mb["response_lengths"]
-        logp = log_probs_from_logits(z, mb["targets"], t).float().cpu().split(split)
-        ent = entropy_from_logits(z, t).float().cpu().split(split) if with_entropy else [None] * len(split)
+        logp, ent = log_probs_and_entropy(
+            z, mb["targets"], t, with_entropy=with_entropy, entropy_grad=False, compiled=self._compiled
+        )
+        logp = logp.float().cpu().split(split)
+        ent = ent.float().cpu().split(split) if with_entropy else [None] * len(split)
         return logits.new_zeros(()), {"index": mb["index"], "log_probs": list(logp), "entropy": list(ent)}
 
     def _objective(self, mb: dict[str, Any], logits: torch.Tensor, *, counts: tuple[int, int], num_micro: int):
@@ -523,9 +520,10 @@ class MegatronBackend:
         z = self._response_logits(mb, logits)
         t = self.config.temperature
         split = mb["response_lengths"]
-        logp = list(log_probs_from_logits(z, mb["targets"], t).split(split))
-        ent_src = z if loss_cfg.entropy_coef != 0 else z.detach()
-        ent = list(entropy_from_logits(ent_src, t).split(split))
+        logp, ent = log_probs_and_entropy(
+            z, mb["targets"], t, entropy_grad=loss_cfg.entropy_coef != 0, compiled=self._compiled
+        )
+        logp, ent = list(logp.split(split)), list(ent.split(split))
         b: TrainBatch = mb["batch"]
         loss, metrics = policy_objective(
             log_probs=logp,
@@ -783,8 +781,3 @@ def _seed_model_parallel(seed: int, *, cpu: bool) -> None:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         model_parallel_cuda_manual_seed(seed)
-
-
-def _require(batch: TrainBatch, field: str, how: str) -> None:
-    if getattr(batch, field) is None:
-        raise ValueError(f"train_step needs TrainBatch.{field}, which is None; {how}")
