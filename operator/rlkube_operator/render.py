@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 from rlkube_runtime.spec.contract import (  # what the runtime inside the pods expects
     ENTRYPOINT,
+    ENV_ATTEMPT,
     ENV_METRICS_PORT,
     ENV_RLJOB_NAME,
     ENV_RLJOB_NAMESPACE,
@@ -500,7 +501,7 @@ def _container(
     env = [
         {"name": ENV_RLJOB_NAME, "value": ref.name},
         {"name": ENV_RLJOB_NAMESPACE, "value": ref.namespace},
-        {"name": "RLKUBE_ATTEMPT", "value": str(attempt)},
+        {"name": ENV_ATTEMPT, "value": str(attempt)},
         {"name": "RLKUBE_ROLE", "value": role},
     ]
     env += copy.deepcopy(spec.resources.env)

@@ -378,12 +378,23 @@ def _stop_after(job: Job, rollout_id: int, stop: _StopRequest, *, trained_since_
     if trained_since_start and job.last_saved != rollout_id:
         _save(job, rollout_id, force=True)
     waited = time.monotonic() - (stop.since or time.monotonic())
+    _report_preempted(job)
     if job.last_saved is None:
         raise Preempted(f"stopped by SIGTERM after {waited:.1f} s, before any rollout was trained; nothing to save.")
     raise Preempted(
         f"stopped by SIGTERM after {waited:.1f} s; every trained rollout is in the checkpoint of rollout "
         f"{job.last_saved} in {job.plan.checkpoint_root}."
     )
+
+
+def _report_preempted(job: Job) -> None:
+    """On Kubernetes, note in the RLJob's status that this attempt ended by a preemption with
+    everything saved, so the operator resumes it without counting a failure."""
+    from rlkube_runtime.status_report import attempt_from_env
+
+    attempt = attempt_from_env()
+    if job.reporter is not None and attempt is not None:
+        job.reporter.report_preempted(attempt, job.last_saved)
 
 
 def _eval_interval(spec) -> int | None:

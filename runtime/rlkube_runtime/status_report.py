@@ -3,8 +3,9 @@ to the RLJob's status subresource while the job runs on Kubernetes.
 
 The operator renders each attempt's pods with RLKUBE_RLJOB_NAME and RLKUBE_RLJOB_NAMESPACE, and a
 ServiceAccount whose Role allows get/patch on `rljobs/status` of that one RLJob and nothing else.
-The operator owns phase and conditions; the runtime writes only `progress`, `lastCheckpoint` and
-`metrics`, as a JSON merge patch, so neither side overwrites the other's fields.
+The operator owns phase and conditions; the runtime writes only `progress`, `lastCheckpoint`,
+`metrics`, `restarts.engine` and, when SIGTERM stops an attempt after its checkpoint,
+`lastPreemption`, as JSON merge patches, so neither side overwrites the other's fields.
 
 Reporting is best effort: a failed patch is logged and training goes on.
 
@@ -24,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .spec.base import API_GROUP, API_VERSION_NAME, PLURAL
-from .spec.contract import ENV_RLJOB_NAME, ENV_RLJOB_NAMESPACE
+from .spec.contract import ENV_ATTEMPT, ENV_RLJOB_NAME, ENV_RLJOB_NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,13 @@ class RLJobStatusReporter:
         """
         return self.patch(build_status_patch(rollout, num_rollout, last_checkpoint, metrics, engine_restarts))
 
+    def report_preempted(self, attempt: int, rollout: int | None, when: datetime | None = None) -> bool:
+        """Tell the operator this attempt stopped on SIGTERM with every trained rollout saved (in
+        the checkpoint of `rollout`, None when nothing was trained): it resumes the job instead
+        of counting a failure. Written before the process exits, so it lands before the Ray job
+        is reported over."""
+        return self.patch(build_preemption_patch(attempt, rollout, when or datetime.now(timezone.utc)))
+
     def engine_restarts_so_far(self) -> int:
         """status.restarts.engine as earlier attempts left it (0 when unset or unreadable): each
         attempt adds its own restarts to it, so the count covers the whole job."""
@@ -136,7 +144,7 @@ def build_status_patch(
             ckpt["path"] = str(last_checkpoint["path"])
         when = last_checkpoint.get("time")
         if isinstance(when, datetime):
-            when = when.astimezone(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+            when = _rfc3339(when)
         if when:
             ckpt["time"] = str(when)
         status["lastCheckpoint"] = ckpt
@@ -149,6 +157,28 @@ def build_status_patch(
         if values:
             status["metrics"] = values
     return status
+
+
+def build_preemption_patch(attempt: int, rollout: int | None, when: datetime) -> dict[str, Any]:
+    """status.lastPreemption, the runtime's note that attempt `attempt` ended by a preemption."""
+    record: dict[str, Any] = {"attempt": int(attempt), "time": _rfc3339(when)}
+    # Explicit null: a merge patch must clear the rollout an earlier preemption left.
+    record["rollout"] = int(rollout) if rollout is not None else None
+    return {"lastPreemption": record}
+
+
+def attempt_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """The attempt number the operator gave this pod (RLKUBE_ATTEMPT); None outside a cluster."""
+    value = (os.environ if env is None else env).get(ENV_ATTEMPT)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        log.warning("%s=%r is not an attempt number; a preemption will not be reported", ENV_ATTEMPT, value)
+        return None
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.astimezone(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _camel(key: str) -> str:

@@ -24,6 +24,7 @@ ROUTER_RESOURCE = "rlkube_router"
 ENV_RLJOB_NAME = "RLKUBE_RLJOB_NAME"  # which RLJob the runtime reports status to
 ENV_RLJOB_NAMESPACE = "RLKUBE_RLJOB_NAMESPACE"
 ENV_METRICS_PORT = "RLKUBE_METRICS_PORT"  # where the driver serves its Prometheus series
+ENV_ATTEMPT = "RLKUBE_ATTEMPT"  # the attempt number n of RayJob `<name>-n` (status.lastPreemption.attempt)
 
 # The head pod serves the training metrics on this port, named for the chart's PodMonitor.
 METRICS_PORT = 9464
@@ -38,8 +39,10 @@ ENTRYPOINT = f"rlkube run {SPEC_MOUNT_DIR}/{SPEC_FILE}"
 MAX_NAME_LENGTH = NAME_MAX_LENGTH
 
 # Status fields the runtime writes (through its narrow Role); the operator owns all the others
-# and never writes these (restarts is shared: the runtime writes `engine`, the operator `job`).
-RUNTIME_STATUS_FIELDS = ("progress", "lastCheckpoint", "metrics", "restarts.engine")
+# and never writes these (restarts is shared: the runtime writes `engine`, the operator `job` and
+# `preemptions`). lastPreemption is how an attempt tells the operator it stopped on SIGTERM with a
+# checkpoint, so that its end is resumed as a preemption rather than counted as a failure.
+RUNTIME_STATUS_FIELDS = ("progress", "lastCheckpoint", "metrics", "restarts.engine", "lastPreemption")
 
 
 def fixed_fields() -> tuple[str, ...]:

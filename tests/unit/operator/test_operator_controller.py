@@ -129,7 +129,7 @@ def test_a_failure_then_the_backoff_then_the_next_attempt():
     _run(_reconcile(controller))
     assert ("RayJob", "team-a", "tiny-0") not in kube.objects
     assert kube.objects[("RayJob", "team-a", "tiny-1")]["metadata"]["labels"][render.LABEL_ATTEMPT] == "1"
-    assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["restarts"] == {"job": 1}
+    assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["restarts"] == {"job": 1, "preemptions": 0}
     assert metrics.RESTARTS._value.get() == restarts_before + 1
     assert events == [("Normal", "Pending"), ("Warning", "Restarting")]
 
