@@ -73,11 +73,15 @@ def run_from_file(path: str, *, output_dir: str | None = None, resume: bool = Tr
         # terminal, the whole traceback to a file.
         cause = getattr(err, "cause", None) or err
         report = plan.output_dir / "logs" / "failure.txt"
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+        try:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            report.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+            full = f"The full error: {report}"
+        except OSError as unwritable:  # the cause may be this very disk being full
+            full = f"The full error could not be written to {report} ({unwritable.strerror or unwritable})"
         print(
             f"rlkube run: {type(cause).__name__}: {cause}\nThe run stopped; its checkpoints are kept in "
-            f"{plan.checkpoint_root} and `rlkube run {path}` resumes from the last one. The full error: {report}",
+            f"{plan.checkpoint_root} and `rlkube run {path}` resumes from the last one. {full}",
             file=sys.stderr,
         )
         return 1

@@ -235,3 +235,68 @@ def test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_and_the_previous_
 def _resumed_from(output: str) -> int:
     [line] = [line for line in output.splitlines() if line.startswith(RESUMING)]
     return int(line.rsplit("(rollout ", 1)[1].rstrip(")"))
+
+
+@pytest.fixture
+def small_volume(tmp_path):
+    """A 64 MiB tmpfs standing for the job's checkpoint volume (needs root); unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64M", "tmpfs", str(volume)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield volume
+    finally:
+        subprocess.run(["umount", "-l", str(volume)], check=False)
+
+
+def fill(volume: Path, leave_bytes: int) -> Path:
+    """Take all the volume's free space but `leave_bytes`."""
+    filler = volume / "filler"
+    free = shutil.disk_usage(volume).free
+    with open(filler, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, max(free - leave_bytes, 0))
+    return filler
+
+
+def test_a_full_disk_during_a_save_stops_the_run_naming_the_cause_and_keeps_the_older_checkpoints(
+    reference: Reference, tmp_path, small_volume
+):
+    from rlkube_runtime.trainer.checkpoint import list_checkpoints, verify_checkpoint
+
+    job, out = chaos_job(tmp_path), small_volume / "out"
+    run = start_run(job, out)
+    try:
+        first = CHECKPOINT_INTERVAL - 1
+        run.wait_until(lambda: [i for i, _ in list_checkpoints(out / "checkpoints")] == [first],
+                       f"the checkpoint of rollout {first}", RUN_TIMEOUT)
+        # Room for a few rollouts' logs and records, not for the next checkpoint (about 1 MB).
+        filler = fill(small_volume, leave_bytes=400 * 1024)
+        code = run.wait(timeout_s=RUN_TIMEOUT)
+    finally:
+        run.kill()
+    output = run.output
+    assert code == 1, output[-4000:]
+    checkpoints = out / "checkpoints"
+    failed = first + CHECKPOINT_INTERVAL
+    assert (f"rlkube run: CheckpointSaveError: could not save the checkpoint of rollout {failed} in {checkpoints}: "
+            "No space left on device") in output, output[-3000:]
+    assert f"the checkpoints saved before are intact (newest: rollout {first}," in output
+    assert "Traceback" not in output
+    # The older checkpoint verifies; the partial save is gone.
+    assert [i for i, _ in list_checkpoints(checkpoints)] == [first]
+    verify_checkpoint(checkpoints / f"rollout_{first:08d}")
+    assert [p.name for p in checkpoints.iterdir() if p.name.startswith(".tmp-")] == []
+
+    filler.unlink()  # space freed: the job resumes and ends as the reference did
+    resumed, training_again = resume_and_time(job, out)
+    assert finish(resumed) == 0, resumed.output[-4000:]
+    figures = {**compare(reference.outcome, read_outcome(out)), "resumed_from": _resumed_from(resumed.output),
+               "attempt_training_again_s": round(training_again, 2)}
+    record_figures("disk full during a save -> clear error -> resume", figures)
+    assert figures["resumed_from"] == first
+    assert_as_reference(figures)
