@@ -8,6 +8,7 @@ on the machine running the suite.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -137,6 +138,30 @@ def test_engine_sigkill_mid_rollout_is_replaced_with_the_current_weights(referen
     assert joined["rollout"] >= 4
     assert figures["engine_serving_again_s"] < 30, figures
     assert engine_pids(run.out) == []
+
+
+def test_engine_sigkill_mid_weight_sync_is_replaced_with_the_weights_being_synced(reference: Reference, tmp_path):
+    # The engine kills itself as version 6 arrives (after the sync paused and flushed it): a fail
+    # point (rlkube_runtime.failpoints), since the whole push takes a fraction of a second.
+    version, marker = "6", tmp_path / "failpoint-fired"
+    env = {"RLKUBE_FAILPOINTS": json.dumps({f"engine.update_weights:{version}": str(marker)})}
+    run = start_run(chaos_job(tmp_path), tmp_path / "out", env=env)
+    assert finish(run) == 0, run.output[-4000:]
+    assert marker.exists(), "the fail point never fired"
+    [joined] = read_jsonl(run.out / "logs" / ENGINE_RESTARTS_JOURNAL)
+    figures = {
+        **compare(reference.outcome, read_outcome(run.out)),
+        "engine_restarts": 1,
+        "engine_serving_again_s": round(joined["joined_at"] - marker.stat().st_mtime, 2),
+        "joined_rollout": joined["rollout"],
+        "joined_weight_version": joined["weight_version"],
+    }
+    record_figures("engine SIGKILL mid-weight-sync", figures)
+    assert_as_reference(figures)
+    assert figures["rollouts_redone"] == 0
+    # It joined holding the version whose sync it died in, the trainer's latest.
+    assert joined["weight_version"] == joined["synced_version"] == version, joined
+    assert figures["engine_serving_again_s"] < 30, figures
 
 
 def test_trainer_sigkill_mid_step_fails_the_attempt_and_the_next_resumes(reference: Reference, tmp_path):
