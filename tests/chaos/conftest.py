@@ -58,3 +58,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     assert sorted(outcome.records) == list(range(NUM_ROLLOUT)), outcome.records.keys()
     assert outcome.last_checkpoint == NUM_ROLLOUT - 1 and outcome.weights_sha256
     return Reference(run.out, outcome, run.output)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory):
+    """A control plane of the chaos suite's own (tests/controlplane/harness.py): its scenarios
+    restart the API server, which other suites' shared one must not see."""
+    from harness import BUILD_COMMAND, ControlPlane, cache_dir, missing_binaries
+
+    missing = missing_binaries()
+    if missing:
+        pytest.fail(f"control plane binaries missing in {cache_dir() / 'bin'}: {', '.join(missing)}; "
+                    f"run `{BUILD_COMMAND}` first", pytrace=False)
+    cp = ControlPlane(nodes=2, gpus_per_node=8, logs_dir=tmp_path_factory.mktemp("chaos-controlplane-logs"))
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
