@@ -195,11 +195,19 @@ def test_driver_sigkill_mid_step_loses_nothing_on_resume(reference: Reference, t
     finally:
         run.kill()
     assert run.proc.returncode == -signal.SIGKILL
+    # The engines (sessions of their own) die with their launcher: nothing of the lost run is
+    # left holding a port or a GPU when the next attempt starts.
+    deadline = time.monotonic() + 15
+    while engine_pids(out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    orphans = engine_pids(out)
     resumed, training_again = resume_and_time(job, out)
     assert finish(resumed) == 0, resumed.output[-4000:]
     figures = {**compare(reference.outcome, read_outcome(out)), "attempt_training_again_s": round(training_again, 2),
                "resumed_from": _resumed_from(resumed.output)}
+    figures["orphan_engines"] = len(orphans)
     record_figures("driver SIGKILL mid-step -> resume", figures)
+    assert orphans == []
     assert_as_reference(figures)
     assert training_again < 60 + 30, figures
 
