@@ -238,31 +238,33 @@ def test_sigterm_mid_rollout_saves_exits_143_and_resumes_with_nothing_redone(ref
     assert training_again < 60 + 30, figures
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "half-written"])
-def test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_and_the_previous_one_used(
-    reference: Reference, tmp_path, damage
+def test_damaged_latest_checkpoints_are_skipped_with_a_warning_and_the_newest_intact_one_used(
+    reference: Reference, tmp_path
 ):
+    """The newest checkpoint corrupt (a flipped byte, same size) and the one before it half-written
+    (the file cut short): both are skipped, each with a warning naming the file and the reason,
+    and the job resumes from the third newest and ends as the reference did."""
     out = tmp_path / "out"
     shutil.copytree(reference.out, out)
-    latest = out / "checkpoints" / f"rollout_{NUM_ROLLOUT - 1:08d}"
-    weights = latest / "trainer.pt"
-    if damage == "corrupt":  # same size, a flipped byte in the middle
-        data = bytearray(weights.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        weights.write_bytes(bytes(data))
-    else:  # a save cut off halfway: the file is short
-        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    started = time.monotonic()
+    checkpoints = out / "checkpoints"
+    corrupt = checkpoints / f"rollout_{NUM_ROLLOUT - 1:08d}"
+    half = checkpoints / f"rollout_{NUM_ROLLOUT - 1 - CHECKPOINT_INTERVAL:08d}"
+    data = bytearray((corrupt / "trainer.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (corrupt / "trainer.pt").write_bytes(bytes(data))
+    whole = (half / "trainer.pt").read_bytes()
+    (half / "trainer.pt").write_bytes(whole[: len(whole) // 2])
+
     run = start_run(chaos_job(tmp_path), out)
     assert finish(run) == 0, run.output[-4000:]
-    previous = NUM_ROLLOUT - 1 - CHECKPOINT_INTERVAL
-    figures = {**compare(reference.outcome, read_outcome(out)), "resumed_from": _resumed_from(run.output),
-               "run_seconds": round(time.monotonic() - started, 2)}
-    record_figures(f"{damage} latest checkpoint -> previous one", figures)
-    assert f"skipping checkpoint {latest}: trainer.pt" in run.output, run.output[-3000:]
-    assert figures["resumed_from"] == previous
+    intact = NUM_ROLLOUT - 1 - 2 * CHECKPOINT_INTERVAL
+    figures = {**compare(reference.outcome, read_outcome(out)), "resumed_from": _resumed_from(run.output)}
+    record_figures("corrupt + half-written latest checkpoints -> newest intact one", figures)
+    assert f"skipping checkpoint {corrupt}: trainer.pt sha256 " in run.output, run.output[-3000:]
+    assert f"skipping checkpoint {half}: trainer.pt has {len(whole) // 2} bytes, manifest says {len(whole)}" in run.output
+    assert figures["resumed_from"] == intact
     assert_as_reference(figures)
-    assert figures["rollouts_redone"] == CHECKPOINT_INTERVAL  # the rollouts after the previous checkpoint
+    assert figures["rollouts_redone"] == 2 * CHECKPOINT_INTERVAL  # the rollouts after the intact checkpoint
 
 
 def _resumed_from(output: str) -> int:
