@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import metrics, render
-from .kube import Kube, api_error_status, api_error_text, namespace_terminating
+from .kube import Kube, api_error_status, api_error_text, api_unreachable, namespace_terminating
 from .reconcile import Event, Observed, Plan, current_attempt, reconcile
 from .settings import OperatorSettings
 from .status import status_changes
@@ -77,6 +77,10 @@ class Controller:
                 elif status is not None:
                     log.warning("reconcile of RLJob %s/%s failed; retrying in %gs: %s",
                                 namespace, name, ERROR_RETRY_SECONDS, api_error_text(exc))
+                elif (unreachable := api_unreachable(exc)) is not None:
+                    # One line per retry, not a traceback: the API server restarting is expected.
+                    log.warning("reconcile of RLJob %s/%s failed: the API server did not answer (%s); retrying in %gs",
+                                namespace, name, unreachable, ERROR_RETRY_SECONDS)
                 else:
                     log.exception("reconcile of RLJob %s/%s failed; retrying in %gs", namespace, name,
                                   ERROR_RETRY_SECONDS)

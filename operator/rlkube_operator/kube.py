@@ -168,6 +168,23 @@ def api_error_status(exc: BaseException) -> int | None:
     return exc.status if isinstance(exc, ApiException) else None
 
 
+def api_unreachable(exc: BaseException) -> str | None:
+    """Why the API server could not be reached ('Connection refused', ...), None for an error it
+    answered or one of our own: a restarting API server is weather, not a bug to trace."""
+    import urllib3.exceptions
+
+    chain: BaseException | None = exc
+    while chain is not None:
+        if isinstance(chain, urllib3.exceptions.MaxRetryError) and chain.reason is not None:
+            chain = chain.reason
+        if isinstance(chain, (ConnectionError, urllib3.exceptions.ProtocolError, urllib3.exceptions.NewConnectionError,
+                              urllib3.exceptions.TimeoutError)):
+            errno_cause = next((c for c in (chain, *chain.args) if isinstance(c, OSError) and c.strerror), None)
+            return errno_cause.strerror if errno_cause is not None else f"{type(chain).__name__}: {chain}"
+        chain = chain.__cause__ or chain.__context__
+    return None
+
+
 def api_error_text(exc: BaseException) -> str:
     """'403 Forbidden: <the API server's message>' for an API error."""
     if not isinstance(exc, ApiException):

@@ -15,6 +15,15 @@ complete checkpoint by itself. An attempt whose runtime refused the spec at star
 status.invalidSpec with its attempt number, then exits) is not restarted: the job is Failed with
 reason InvalidSpec, as a spec the operator itself refuses is, since every attempt would be refused.
 
+Preemptions. An attempt whose driver stopped on SIGTERM (preemption, a node drain) after saving
+every trained rollout exits 143, and the Ray job reads as failed; the runtime says so first in
+status.lastPreemption {attempt: n, rollout}. Such an attempt is resumed at once, without backoff
+and without counting against backoffLimit: restarts.preemptions counts them, and the failures
+that backoffLimit bounds are restarts.job - restarts.preemptions. Each RayJob carries the count
+of preemptions before it (PREEMPTIONS_ANNOTATION), so a lost status write is recovered from the
+RayJob as attempts are. The Progressing condition's reason is then Preempted, with a Normal
+Preempted event.
+
 Kueue (spec.queueName). Each RayJob is created suspended with Kueue's queue-name label, and from
 then on its suspend flag is Kueue's: Kueue unsuspends it to admit it and suspends it again to
 preempt it, and an operator that set the flag back would fight it. The RLJob shows Queued while
@@ -58,6 +67,9 @@ INVALID_SPEC = "InvalidSpec"
 
 # Stamped on a failed RayJob when the operator first sees the failure (RFC 3339).
 FAILED_AT_ANNOTATION = "rlkube.io/failed-at"
+# On each RayJob: how many preemptions came before its attempt (see Preemptions above).
+PREEMPTIONS_ANNOTATION = "rlkube.io/preemptions"
+PREEMPTED = "Preempted"  # the reason of a restart after a preemption
 
 # Fixed for the life of a job (camelCase paths under spec): the checkpoint layout, the data
 # position and the partial-rollout buffer in a checkpoint all depend on them. Read from the
@@ -113,6 +125,29 @@ def current_attempt(status: dict[str, Any], rayjobs: list[dict[str, Any]]) -> in
     counted = int((status.get("restarts") or {}).get("job") or 0)
     labelled = [a for a in (render.attempt_of(rj) for rj in rayjobs) if a is not None]
     return max([counted, *labelled])
+
+
+def preemptions_so_far(status: dict[str, Any], rayjobs: list[dict[str, Any]]) -> int:
+    """status.restarts.preemptions, or the count a RayJob carries when that is ahead (a restart
+    after a preemption whose status write was lost)."""
+    counted = int((status.get("restarts") or {}).get("preemptions") or 0)
+    carried = []
+    for rj in rayjobs:
+        value = ((rj.get("metadata") or {}).get("annotations") or {}).get(PREEMPTIONS_ANNOTATION)
+        if value is not None and str(value).isdigit():
+            carried.append(int(value))
+    return max([counted, *carried])
+
+
+def preemption_of(status: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+    """The runtime's status.lastPreemption when it is about `attempt`, else None."""
+    record = status.get("lastPreemption")
+    if not isinstance(record, dict):
+        return None
+    try:
+        return record if int(record.get("attempt")) == attempt else None
+    except (TypeError, ValueError):
+        return None
 
 
 def get_path(obj: dict[str, Any], path: str) -> Any:
@@ -349,7 +384,14 @@ def _attempt_failed(
     if not ft.enabled:
         message = f"{attempt.message} (faultTolerance.enabled is false: no restart)"
         return _finish_status(obs, job, plan, RLJobPhase.FAILED, attempt.reason, message, n, current, attempt)
-    if n >= ft.backoff_limit:
+    status = obs.rljob.get("status") or {}
+    preemptions = preemptions_so_far(status, obs.rayjobs)
+    record = preemption_of(status, n)
+    if record is not None:
+        return _resume_after_preemption(obs, job, plan, settings, n, name, record, preemptions, refresh_configmap,
+                                        deadline_left)
+    failures = n - preemptions  # restarts after failures so far; backoffLimit bounds these
+    if failures >= ft.backoff_limit:
         message = f"{attempt.message}; faultTolerance.backoffLimit({ft.backoff_limit}) restarts used up"
         return _finish_status(obs, job, plan, RLJobPhase.FAILED, "BackoffLimitExceeded", message, n, current, attempt)
 
@@ -360,13 +402,13 @@ def _attempt_failed(
         plan.patch_rayjobs.append(
             (name, {"metadata": {"annotations": {FAILED_AT_ANNOTATION: now_rfc3339(obs.now)}}})
         )
-    delay = backoff_seconds(n, ft.backoff_seconds, settings.max_backoff_seconds)
+    delay = backoff_seconds(failures, ft.backoff_seconds, settings.max_backoff_seconds)
     restart_at = failed_at + timedelta(seconds=delay)
     if obs.now < restart_at:
         wait = (restart_at - obs.now).total_seconds()
         # No countdown in the message: status must not change on every reconcile.
         message = (
-            f"{attempt.message}; attempt {n + 1} (restart {n + 1} of {ft.backoff_limit}) starts at "
+            f"{attempt.message}; attempt {n + 1} (restart {failures + 1} of {ft.backoff_limit}) starts at "
             f"{now_rfc3339(restart_at)} after a {delay:g}s backoff, from the latest checkpoint"
         )
         _status(obs, job, plan, RLJobPhase.RESTARTING, "BackoffWaiting", message, n, current, attempt)
@@ -383,6 +425,43 @@ def _attempt_failed(
     plan.delete_rayjobs.append(name)
     message = f"{attempt.message}; started attempt {n + 1} as RayJob {new['metadata']['name']}, resuming from the latest checkpoint"
     _status(obs, job, plan, RLJobPhase.RESTARTING, "AttemptStarted", message, n + 1, None)
+    plan.status["rayJobName"] = new["metadata"]["name"]
+    plan.requeue_after = settings.resync_seconds
+    return plan
+
+
+def _resume_after_preemption(
+    obs: Observed,
+    job: RLJob,
+    plan: Plan,
+    settings: OperatorSettings,
+    n: int,
+    name: str,
+    record: dict[str, Any],
+    preemptions: int,
+    refresh_configmap: Any,
+    deadline_left: float | None,
+) -> Plan:
+    """Attempt n stopped on SIGTERM with its checkpoint saved: attempt n+1 starts now, counted as
+    a preemption, not as a failure (no backoff, backoffLimit untouched)."""
+    count = preemptions + 1
+    new = render.render_rayjob(
+        render.JobRef.from_body(obs.rljob), job.spec, attempt=n + 1, settings=settings,
+        active_deadline_seconds=deadline_left,
+    )
+    new["metadata"].setdefault("annotations", {})[PREEMPTIONS_ANNOTATION] = str(count)
+    refresh_configmap()
+    plan.create.append(new)
+    plan.delete_rayjobs.append(name)
+    rollout = record.get("rollout")
+    saved = f"the checkpoint of rollout {rollout}" if rollout is not None else "nothing (no rollout was trained yet)"
+    limit = job.spec.fault_tolerance.backoff_limit
+    message = (
+        f"RayJob {name} was preempted: its driver stopped on SIGTERM after saving {saved}; started attempt {n + 1} "
+        f"as RayJob {new['metadata']['name']}, resuming from it (preemption {count}, not counted against "
+        f"faultTolerance.backoffLimit({limit}))"
+    )
+    _status(obs, job, plan, RLJobPhase.RESTARTING, PREEMPTED, message, n + 1, None, preemptions=count)
     plan.status["rayJobName"] = new["metadata"]["name"]
     plan.requeue_after = settings.resync_seconds
     return plan
@@ -455,6 +534,8 @@ def _status(
     n: int,
     current: dict[str, Any] | None,
     attempt: Attempt | None = None,
+    *,
+    preemptions: int | None = None,
 ) -> None:
     """Fill plan.status (the whole operator-owned status) and the phase-transition event."""
     body = obs.rljob
@@ -487,9 +568,10 @@ def _status(
         "rayJobName": rj_name,
         "rayClusterName": cluster,
         "dashboardUrl": attempt.dashboard_url if attempt else None,
-        "restarts": {"job": n},
+        "restarts": {"job": n, "preemptions": preemptions if preemptions is not None
+                     else preemptions_so_far(status, obs.rayjobs)},
     }
-    _transition_event(status, plan, phase, message)
+    _transition_event(status, plan, phase, message, reason)
 
 
 def _carry(status: dict[str, Any], *, generation: int | None, num_rollout: int | None) -> dict[str, Any]:
@@ -498,14 +580,19 @@ def _carry(status: dict[str, Any], *, generation: int | None, num_rollout: int |
         "phase", "message", "conditions", "rayJobName", "rayClusterName", "dashboardUrl",
     )}
     out["observedGeneration"] = generation
-    out["restarts"] = {"job": int((status.get("restarts") or {}).get("job") or 0)}
+    restarts = status.get("restarts") or {}
+    out["restarts"] = {"job": int(restarts.get("job") or 0), "preemptions": int(restarts.get("preemptions") or 0)}
     progress = status.get("progress") or {}
     total = progress.get("numRollout") or num_rollout
     out["progressText"] = format_progress(int(progress.get("rollout") or 0), total) if total else status.get("progressText")
     return out
 
 
-def _transition_event(status: dict[str, Any], plan: Plan, phase: RLJobPhase, message: str) -> None:
+def _transition_event(status: dict[str, Any], plan: Plan, phase: RLJobPhase, message: str, reason: str = "") -> None:
+    if reason == PREEMPTED:
+        # Each preemption is news (the phase may already be Restarting), and not a fault.
+        plan.events.append(Event("Normal", PREEMPTED, message))
+        return
     if status.get("phase") == phase.value:
         return
     warning = phase in (RLJobPhase.RESTARTING, RLJobPhase.FAILED)

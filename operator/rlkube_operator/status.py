@@ -241,19 +241,22 @@ OPERATOR_STATUS_KEYS = (
     "phase", "message", "conditions", "observedGeneration", "rayJobName", "rayClusterName", "dashboardUrl", "progressText",
 )
 
+OPERATOR_RESTART_COUNTERS = ("job", "preemptions")
+
 
 def status_changes(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
     """The merge patch taking `current` status to `desired` on operator-owned keys; {} if none.
 
-    None in `desired` means 'absent'. restarts is compared on its job counter only (the runtime
-    owns restarts.engine).
+    None in `desired` means 'absent'. restarts is compared on the operator's counters only (job
+    and preemptions; the runtime owns restarts.engine).
     """
     patch: dict[str, Any] = {}
     for key in OPERATOR_STATUS_KEYS:
         want = desired.get(key)
         if current.get(key) != want:
             patch[key] = want
-    want_job = (desired.get("restarts") or {}).get("job", 0)
-    if (current.get("restarts") or {}).get("job", 0) != want_job or "restarts" not in current:
-        patch["restarts"] = {"job": want_job}
+    have, want = current.get("restarts") or {}, desired.get("restarts") or {}
+    wanted = {counter: want.get(counter, 0) for counter in OPERATOR_RESTART_COUNTERS}
+    if any(have.get(counter, 0) != value for counter, value in wanted.items()) or "restarts" not in current:
+        patch["restarts"] = wanted
     return patch

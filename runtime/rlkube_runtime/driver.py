@@ -131,11 +131,15 @@ def run_from_file(
         # terminal, the whole traceback to a file.
         cause = getattr(err, "cause", None) or err
         report = plan.output_dir / "logs" / "failure.txt"
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+        try:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            report.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+            full = f"The full error: {report}"
+        except OSError as unwritable:  # the cause may be this very disk being full
+            full = f"The full error could not be written to {report} ({unwritable.strerror or unwritable})"
         print(
             f"rlkube run: {type(cause).__name__}: {cause}\nThe run stopped; its checkpoints are kept in "
-            f"{plan.checkpoint_root} and `rlkube run {path}` resumes from the last one. The full error: {report}",
+            f"{plan.checkpoint_root} and `rlkube run {path}` resumes from the last one. {full}",
             file=sys.stderr,
         )
         return 1
@@ -612,12 +616,23 @@ def _stop_after(job: Job, rollout_id: int, stop: _StopRequest, *, trained_since_
     if trained_since_start and job.last_saved != rollout_id:
         _save(job, rollout_id, force=True)
     waited = time.monotonic() - (stop.since or time.monotonic())
+    _report_preempted(job)
     if job.last_saved is None:
         raise Preempted(f"stopped by SIGTERM after {waited:.1f} s, before any rollout was trained; nothing to save.")
     raise Preempted(
         f"stopped by SIGTERM after {waited:.1f} s; every trained rollout is in the checkpoint of rollout "
         f"{job.last_saved} in {job.plan.checkpoint_root}."
     )
+
+
+def _report_preempted(job: Job) -> None:
+    """On Kubernetes, note in the RLJob's status that this attempt ended by a preemption with
+    everything saved, so the operator resumes it without counting a failure."""
+    from rlkube_runtime.status_report import attempt_from_env
+
+    attempt = attempt_from_env()
+    if job.reporter is not None and attempt is not None:
+        job.reporter.report_preempted(attempt, job.last_saved)
 
 
 def _eval_interval(spec) -> int | None:

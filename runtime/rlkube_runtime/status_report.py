@@ -4,9 +4,11 @@ to the RLJob's status subresource while the job runs on Kubernetes.
 The operator renders each attempt's pods with RLKUBE_RLJOB_NAME and RLKUBE_RLJOB_NAMESPACE, and a
 ServiceAccount whose Role allows get/patch on `rljobs/status` of that one RLJob and nothing else.
 The operator owns phase and conditions; the runtime writes only `progress`, `lastCheckpoint`,
-`metrics`, `restarts.engine` and, when it refuses the spec at start, `invalidSpec` (the message and
-the attempt, read from RLKUBE_ATTEMPT), as a JSON merge patch, so neither side overwrites the
-other's fields. The operator fails a job whose current attempt reported `invalidSpec` for good.
+`metrics`, `restarts.engine`, when it refuses the spec at start `invalidSpec` (the message and
+the attempt, read from RLKUBE_ATTEMPT), and when SIGTERM stops an attempt after its checkpoint
+`lastPreemption`, as JSON merge patches, so neither side overwrites the other's fields. The operator
+fails a job whose current attempt reported `invalidSpec` for good, and resumes one that reported
+`lastPreemption` without counting a failure.
 
 Reporting is best effort: a failed patch is logged and training goes on.
 
@@ -74,7 +76,7 @@ class RLJobStatusReporter:
         except Exception as exc:  # noqa: BLE001 - no credentials is a reason to skip, not to stop
             log.warning("no Kubernetes credentials (%s); RLJob %s/%s status will not be reported", exc, namespace, name)
             return None
-        return cls(name, namespace, client.ApiClient(configuration), attempt=_attempt(env))
+        return cls(name, namespace, client.ApiClient(configuration), attempt=attempt_from_env(env))
 
     def report(
         self,
@@ -98,6 +100,13 @@ class RLJobStatusReporter:
         """Tell the operator this attempt refused the spec (`message` names the field): it fails
         the job with reason InvalidSpec rather than restarting into the same refusal."""
         return self.patch(build_invalid_spec_patch(message, self.attempt))
+
+    def report_preempted(self, attempt: int, rollout: int | None, when: datetime | None = None) -> bool:
+        """Tell the operator this attempt stopped on SIGTERM with every trained rollout saved (in
+        the checkpoint of `rollout`, None when nothing was trained): it resumes the job instead
+        of counting a failure. Written before the process exits, so it lands before the Ray job
+        is reported over."""
+        return self.patch(build_preemption_patch(attempt, rollout, when or datetime.now(timezone.utc)))
 
     def engine_restarts_so_far(self) -> int:
         """status.restarts.engine as earlier attempts left it (0 when unset or unreadable): each
@@ -144,7 +153,7 @@ def build_status_patch(
             ckpt["path"] = str(last_checkpoint["path"])
         when = last_checkpoint.get("time")
         if isinstance(when, datetime):
-            when = when.astimezone(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+            when = _rfc3339(when)
         if when:
             ckpt["time"] = str(when)
         status["lastCheckpoint"] = ckpt
@@ -167,11 +176,26 @@ def build_invalid_spec_patch(message: str, attempt: int | None) -> dict[str, Any
     return {"invalidSpec": refusal}
 
 
-def _attempt(env: Mapping[str, str]) -> int | None:
+def build_preemption_patch(attempt: int, rollout: int | None, when: datetime) -> dict[str, Any]:
+    """status.lastPreemption, the runtime's note that attempt `attempt` ended by a preemption."""
+    record: dict[str, Any] = {"attempt": int(attempt), "time": _rfc3339(when)}
+    # Explicit null: a merge patch must clear the rollout an earlier preemption left.
+    record["rollout"] = int(rollout) if rollout is not None else None
+    return {"lastPreemption": record}
+
+
+def attempt_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """The attempt number the operator gave this pod (RLKUBE_ATTEMPT); None outside a cluster."""
+    value = (os.environ if env is None else env).get(ENV_ATTEMPT)
     try:
-        return int(env.get(ENV_ATTEMPT, ""))
+        return int(value) if value is not None else None
     except ValueError:
+        log.warning("%s=%r is not an attempt number; a preemption will not be reported", ENV_ATTEMPT, value)
         return None
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.astimezone(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _camel(key: str) -> str:

@@ -274,6 +274,25 @@ class ControlPlane:
             shutil.rmtree(self._workdir, ignore_errors=True)
         self._workdir = None
 
+    def restart_apiserver(self, sig: int = signal.SIGTERM) -> float:
+        """Stop kube-apiserver (`sig` to its process group; SIGKILL after the grace period) and
+        start it again on the same port, certificates and etcd; every client sees it go away and
+        come back. Returns the seconds it was not serving. The other components keep running."""
+        [old] = [c for c in self._components if c.name == "kube-apiserver"]
+        index = self._components.index(old)
+        t0 = time.monotonic()
+        _signal_group(old.process, sig)
+        try:
+            old.process.wait(timeout=STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            _signal_group(old.process, signal.SIGKILL)
+            old.process.wait(timeout=10)
+        self._components.remove(old)
+        self._start_apiserver()
+        # Back in its place: stop() takes the clients down before it and etcd after it.
+        self._components.insert(index, self._components.pop())
+        return time.monotonic() - t0
+
     def __enter__(self) -> ControlPlane:
         return self.start()
 

@@ -369,7 +369,7 @@ def test_a_colocated_rljob_runs_to_success_through_kuberay(operator, ns, tmp_pat
     assert (row["RAYJOB"], row["CHECKPOINT"]) == ("tiny-0", "/ckpt/tiny/rollout_1")
     rljob = get_or_none(cp, ns, "rljob", "tiny")
     assert rljob["status"]["phase"] == "Running"  # the runtime's patch left the operator's fields alone
-    assert rljob["status"]["restarts"] == {"job": 0, "engine": 2}  # each side's counter, side by side
+    assert rljob["status"]["restarts"] == {"job": 0, "preemptions": 0, "engine": 2}  # each side's counters, side by side
     assert reporter.engine_restarts_so_far() == 2  # where the next attempt's count starts
 
     # Stand-in for Ray's job server: the job succeeded. KubeRay then shuts the cluster down.

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rlkube_runtime import failpoints
 from rlkube_runtime.engine import protocol, weight_groups, weights
 from rlkube_runtime.engine.hf_runner import HFRunner
 from rlkube_runtime.engine.protocol import GenerateItem, ProtocolError
@@ -196,6 +197,7 @@ class Engine:
 
     async def update_weights_from_tensor(self, body: Any) -> dict[str, Any]:
         update = protocol.parse_update_from_tensor(body)
+        failpoints.reach(f"engine.update_weights:{update.weight_version}")
         field = "serialized_named_tensors"
         if update.load_format == protocol.RLKUBE_LOAD_FORMAT:
             tensors, offsets = await asyncio.to_thread(weights.decode_named_tensors, update.serialized)
@@ -217,6 +219,7 @@ class Engine:
 
     async def update_weights_from_distributed(self, body: Any) -> dict[str, Any]:
         update = protocol.parse_update_from_distributed(body)
+        failpoints.reach(f"engine.update_weights:{update.weight_version}")
         group = self._groups.get(update.group_name)
         if group is None:
             raise ProtocolError("group_name", f"no weight update group {update.group_name!r}; call /init_weights_update_group first")

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -32,6 +35,10 @@ from rlkube_runtime.spec.base import builtin_filter_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+# In the run's log directory: one JSON line per engine replacement (see _journal_replacement).
+ENGINE_RESTARTS_JOURNAL = "engine_restarts.jsonl"
 
 
 class EngineRestartLimitExceeded(RuntimeError):
@@ -73,6 +80,7 @@ class RolloutManager:
         self._synced_version: str | None = None  # what every engine holds since the last sync
         self._restarts_total = 0
         self._restarts_unreported = 0
+        self._generating: int | None = None  # the rollout id last asked for
         self._health_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
         self._failed = asyncio.Event()  # set with _failure: stops a rollout waiting on dead engines
@@ -193,6 +201,7 @@ class RolloutManager:
         # Taken before any prompt is drawn: a checkpoint written while this rollout is still in
         # flight (async mode) resumes by generating it again from the same prompts.
         self._data_states[rollout_id] = self.source.state_dict()
+        self._generating = rollout_id
         for old in [k for k in self._data_states if k < rollout_id - 1]:
             del self._data_states[old]
         rollout = self.spec.rollout
@@ -405,6 +414,7 @@ class RolloutManager:
         last sync (pushed by the trainer; a replacement during a train phase waits for the phase
         and gets the trainer's weights as they are then), register it."""
         old = self._urls[j]
+        detected_at = time.time()
         await asyncio.to_thread(self._router.remove_worker, old)
         if old in self._admins:
             await self._admins.pop(old).close()
@@ -418,12 +428,31 @@ class RolloutManager:
                     if report["failed"]:
                         raise RuntimeError(f"the replacement did not take the weights: {report['failed'][new]}")
                     await self._resume_and_check(new, self._synced_version)
+                # What the replacement holds as it joins the router, asked of the engine itself:
+                # the record that a joining engine serves the trainer's latest weights.
+                serving = await self._admin(new).get_weight_version()
                 break
             except Exception as err:  # the next attempt stops whatever this one left running
                 log.warning("engine %d: replacement %d failed: %s", j, self._restarts_total, err)
         self._urls[j] = new
         await asyncio.to_thread(self._router.add_worker, new)
-        log.warning("engine %d replaced: %s -> %s", j, old, new)
+        log.warning("engine %d replaced: %s -> %s (weight version %s)", j, old, new, serving)
+        self._journal_replacement({
+            "engine": j, "old": old, "new": new, "rollout": self._generating,
+            "weight_version": serving, "synced_version": self._synced_version,
+            "detected_at": detected_at, "joined_at": time.time(),
+        })
+
+    def _journal_replacement(self, record: dict[str, Any]) -> None:
+        """One line per replaced engine in `<log dir>/engine_restarts.jsonl`: which engine, the
+        rollout in flight, the weight version it joined with and the last synced one, and when
+        its failure was found and when it joined the router again (Unix seconds)."""
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+            with open(os.path.join(self.log_dir, ENGINE_RESTARTS_JOURNAL), "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as err:  # a full or read-only log volume must not stop the run
+            log.warning("could not record the engine replacement in %s: %s", self.log_dir, err)
 
     def _count_restart(self, j: int) -> None:
         limit = self.spec.fault_tolerance.max_engine_restarts

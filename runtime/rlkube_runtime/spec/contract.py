@@ -25,6 +25,7 @@ ENV_RLJOB_NAME = "RLKUBE_RLJOB_NAME"  # which RLJob the runtime reports status t
 ENV_RLJOB_NAMESPACE = "RLKUBE_RLJOB_NAMESPACE"
 ENV_ATTEMPT = "RLKUBE_ATTEMPT"  # which start of the RLJob this is (its RayJob is <name>-<attempt>)
 ENV_METRICS_PORT = "RLKUBE_METRICS_PORT"  # where the driver serves its Prometheus series
+ENV_ATTEMPT = "RLKUBE_ATTEMPT"  # the attempt number n of RayJob `<name>-n` (status.lastPreemption.attempt)
 
 # The head pod serves the training metrics on this port, named for the chart's PodMonitor.
 METRICS_PORT = 9464
@@ -39,10 +40,12 @@ ENTRYPOINT = f"rlkube run {SPEC_MOUNT_DIR}/{SPEC_FILE}"
 MAX_NAME_LENGTH = NAME_MAX_LENGTH
 
 # Status fields the runtime writes (through its narrow Role); the operator owns all the others
-# and never writes these (restarts is shared: the runtime writes `engine`, the operator `job`).
-# `invalidSpec` is the runtime's refusal of the spec at an attempt's start: the operator fails the
-# job for good (reason InvalidSpec) instead of retrying a spec that will be refused again.
-RUNTIME_STATUS_FIELDS = ("progress", "lastCheckpoint", "metrics", "restarts.engine", "invalidSpec")
+# and never writes these (restarts is shared: the runtime writes `engine`, the operator `job` and
+# `preemptions`). `invalidSpec` is the runtime's refusal of the spec at an attempt's start: the
+# operator fails the job for good (reason InvalidSpec) instead of retrying a spec that will be
+# refused again. `lastPreemption` is how an attempt tells the operator it stopped on SIGTERM with a
+# checkpoint, so that its end is resumed as a preemption rather than counted as a failure.
+RUNTIME_STATUS_FIELDS = ("progress", "lastCheckpoint", "metrics", "restarts.engine", "invalidSpec", "lastPreemption")
 
 
 def fixed_fields() -> tuple[str, ...]:

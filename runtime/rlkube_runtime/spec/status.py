@@ -69,7 +69,27 @@ class Restarts(StatusModel):
     """Restart counters."""
 
     engine: int = Field(default=0, description="Rollout engines restarted by the runtime.")
-    job: int = Field(default=0, description="Training attempts restarted by the operator (bounded by faultTolerance.backoffLimit).")
+    job: int = Field(
+        default=0,
+        description="Training attempts restarted by the operator, preemptions included; the failures among them "
+        "(job - preemptions) are bounded by faultTolerance.backoffLimit.",
+    )
+    preemptions: int = Field(
+        default=0,
+        description="Attempts that stopped on SIGTERM after saving a checkpoint (preemption, node drain) and were "
+        "resumed at once; not counted against faultTolerance.backoffLimit.",
+    )
+
+
+class LastPreemption(StatusModel):
+    """Written by the runtime when an attempt stops on SIGTERM having saved every trained rollout:
+    the operator reads the attempt's end as a preemption to resume from, not a failure."""
+
+    attempt: int = Field(description="The attempt (RayJob `<name>-<attempt>`) that was preempted.")
+    rollout: Optional[int] = Field(
+        default=None, description="Rollout id of the checkpoint it saved; absent when nothing was trained yet."
+    )
+    time: Optional[datetime] = Field(default=None, description="When it stopped (RFC 3339).")
 
 
 class LastMetrics(StatusModel):
@@ -109,7 +129,10 @@ class RLJobStatus(StatusModel):
         default=None, description="Progress as 'k/N' for kubectl get (JSONPath cannot format numbers)."
     )
     last_checkpoint: Optional[LastCheckpoint] = Field(default=None, description="Latest complete checkpoint.")
-    restarts: Optional[Restarts] = Field(default=None, description="Engine and job restart counts.")
+    restarts: Optional[Restarts] = Field(default=None, description="Engine, job and preemption restart counts.")
+    last_preemption: Optional[LastPreemption] = Field(
+        default=None, description="The latest attempt that stopped on SIGTERM with a checkpoint (written by the runtime)."
+    )
     metrics: Optional[LastMetrics] = Field(default=None, description="Metrics of the latest rollout.")
     ray_job_name: Optional[str] = Field(default=None, description="Name of the current attempt's RayJob.")
     ray_cluster_name: Optional[str] = Field(default=None, description="Name of the current attempt's RayCluster.")

@@ -58,6 +58,11 @@ class CorruptCheckpointError(RuntimeError):
     """A checkpoint directory is incomplete or does not match its manifest."""
 
 
+class CheckpointSaveError(OSError):
+    """A save failed (a full disk, a lost volume); the message names the directory, the cause and
+    the newest checkpoint still intact. The partial save is removed."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A loaded checkpoint: the payload passed to `save_checkpoint`, key for key."""
@@ -107,9 +112,13 @@ def begin_checkpoint(root: str | os.PathLike, rollout_id: int) -> Path:
     `finish_checkpoint` makes it visible; other writers (every rank of a megatron trainer) may
     add files and folders to it first."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"{TMP_PREFIX}{checkpoint_dir_name(rollout_id)}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    name = checkpoint_dir_name(rollout_id)
+    tmp = root / f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as err:
+        raise CheckpointSaveError(_save_failure(root, rollout_id, err)) from err
     return tmp
 
 
@@ -122,9 +131,28 @@ def finish_checkpoint(
     keep: int | None = None,
 ) -> Path:
     """Write `payload` into `tmp` (as save_checkpoint does), list every file under `tmp` in the
-    manifest, rename it to its final name, then write the marker and `latest`."""
+    manifest, rename it to its final name, then write the marker and `latest`. A failed write
+    (a full disk) removes the partial directory and raises CheckpointSaveError naming the cause."""
     root = Path(root)
     name = checkpoint_dir_name(rollout_id)
+    try:
+        final = _write_checkpoint(root, name, tmp, rollout_id, payload)
+    except (OSError, RuntimeError) as err:
+        # torch.save reports a failed write as a RuntimeError ("unexpected pos ..."), the OSError
+        # that caused it (ENOSPC) only as its context: name the real cause.
+        shutil.rmtree(tmp, ignore_errors=True)  # gives the space back, too
+        if (root / name).is_dir() and not (root / name / MARKER).is_file():
+            shutil.rmtree(root / name, ignore_errors=True)
+        raise CheckpointSaveError(_save_failure(root, rollout_id, err)) from err
+    log.info("saved checkpoint %s", final)
+
+    if keep is not None:
+        prune_checkpoints(root, keep)
+    return final
+
+
+def _write_checkpoint(root: Path, name: str, tmp: Path, rollout_id: int, payload: Mapping[str, Any]) -> Path:
+    """The save itself: files into `tmp`, fsync, rename to `name`, marker, `latest`."""
     files: dict[str, str] = {}
     for key, value in payload.items():
         if _is_plain_json(value):
@@ -158,11 +186,32 @@ def finish_checkpoint(
     _fsync_dir(root)
     _write_atomic(final / MARKER, json.dumps(manifest, indent=1, sort_keys=True).encode())
     _write_atomic(root / LATEST, f"{rollout_id}\n".encode())
-    log.info("saved checkpoint %s", final)
-
-    if keep is not None:
-        prune_checkpoints(root, keep)
     return final
+
+
+def _save_failure(root: Path, rollout_id: int, err: BaseException) -> str:
+    """'could not save ... : No space left on device (12 KiB free) ...; the newest intact one ...'."""
+    cause: BaseException = err
+    chain: BaseException | None = err
+    while chain is not None:  # the first OSError in the chain says what the disk said
+        if isinstance(chain, OSError):
+            cause = chain
+            break
+        chain = chain.__cause__ or chain.__context__
+    if isinstance(cause, OSError) and cause.strerror:
+        why = cause.strerror
+    else:
+        why = f"{type(cause).__name__}: {cause}"
+    try:
+        free = f" ({shutil.disk_usage(root).free / 1024:.0f} KiB free there)"
+    except OSError:
+        free = ""
+    intact = list_checkpoints(root) if root.is_dir() else []
+    kept = (f"the checkpoints saved before are intact (newest: rollout {intact[-1][0]}, {intact[-1][1]})"
+            if intact else "no earlier checkpoint exists")
+    return (f"could not save the checkpoint of rollout {rollout_id} in {root}: {why}{free}; the partial save was "
+            f"removed and {kept}. Free space on that volume (or point spec.model.save elsewhere) and run again: "
+            "it resumes from the newest intact checkpoint")
 
 
 def load_latest_checkpoint(
@@ -290,6 +339,8 @@ def _all_files(directory: Path) -> list[str]:
 
 
 def _rollout_dirs(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():  # nothing saved yet
+        return []
     found = []
     for p in root.iterdir():
         m = _DIR_RE.match(p.name)

@@ -129,7 +129,7 @@ def test_a_failure_then_the_backoff_then_the_next_attempt():
     _run(_reconcile(controller))
     assert ("RayJob", "team-a", "tiny-0") not in kube.objects
     assert kube.objects[("RayJob", "team-a", "tiny-1")]["metadata"]["labels"][render.LABEL_ATTEMPT] == "1"
-    assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["restarts"] == {"job": 1}
+    assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["restarts"] == {"job": 1, "preemptions": 0}
     assert metrics.RESTARTS._value.get() == restarts_before + 1
     assert events == [("Normal", "Pending"), ("Warning", "Restarting")]
 
@@ -147,3 +147,25 @@ def test_a_deleted_rljob_is_forgotten():
     controller, kube, _, _ = _controller(make_body())
     kube.objects.clear()
     assert _run(_reconcile(controller)) is None
+
+
+def test_an_unreachable_api_server_is_one_warning_line_and_a_retry_not_a_traceback(caplog):
+    import logging
+
+    import urllib3
+
+    controller, kube, _, _ = _controller(make_body())
+
+    def refused(ns, name):
+        cause = ConnectionRefusedError(111, "Connection refused")
+        raise urllib3.exceptions.MaxRetryError(None, "/apis", urllib3.exceptions.ProtocolError("Connection aborted.", cause))
+
+    kube.get_rljob = refused
+    errors_before = metrics.RECONCILE_ERRORS.labels("internal")._value.get()
+    with caplog.at_level(logging.WARNING):
+        assert _run(_reconcile(controller)) is None
+    [record] = [r for r in caplog.records if "tiny" in r.getMessage()]
+    assert record.getMessage() == ("reconcile of RLJob team-a/tiny failed: the API server did not answer "
+                                   "(Connection refused); retrying in 5s")
+    assert record.exc_info is None
+    assert metrics.RECONCILE_ERRORS.labels("internal")._value.get() == errors_before + 1

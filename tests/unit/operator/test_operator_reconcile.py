@@ -10,8 +10,10 @@ from operator_testutil import CREATED, NOW, make_body, observed, rayjob_with_sta
 from rlkube_operator import render
 from rlkube_operator.reconcile import (
     FAILED_AT_ANNOTATION,
+    PREEMPTIONS_ANNOTATION,
     backoff_seconds,
     current_attempt,
+    preemptions_so_far,
     reconcile,
 )
 from rlkube_operator.status import status_changes
@@ -51,7 +53,7 @@ def test_a_new_rljob_gets_its_configmap_rbac_and_first_rayjob(settings):
     ]
     assert plan.status["phase"] == "Pending"
     assert plan.status["rayJobName"] == "tiny-0"
-    assert plan.status["restarts"] == {"job": 0}
+    assert plan.status["restarts"] == {"job": 0, "preemptions": 0}
     assert plan.status["progressText"] == "0/10"
     assert plan.status["observedGeneration"] == 1
     assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Pending")]
@@ -120,7 +122,7 @@ def test_after_the_backoff_the_next_attempt_replaces_the_failed_one(settings):
     assert _kinds(plan) == [("RayJob", "tiny-2")]
     assert plan.create[0]["metadata"]["labels"][render.LABEL_ATTEMPT] == "2"
     assert plan.delete_rayjobs == ["tiny-1"]
-    assert plan.status["restarts"] == {"job": 2}
+    assert plan.status["restarts"] == {"job": 2, "preemptions": 0}
     assert plan.status["rayJobName"] == "tiny-2"
 
 
@@ -131,7 +133,7 @@ def test_a_restart_whose_status_write_was_lost_is_not_done_twice(settings):
     plan = reconcile(observed(body, [old, new]), settings)
     assert plan.create == []
     assert plan.delete_rayjobs == ["tiny-0"]
-    assert plan.status["restarts"] == {"job": 1}
+    assert plan.status["restarts"] == {"job": 1, "preemptions": 0}
     assert plan.status["phase"] == "Starting"
     assert current_attempt(body["status"], [old, new]) == 1
 
@@ -159,6 +161,78 @@ def test_a_deadline_failure_is_not_retried(settings):
     plan = reconcile(observed(body, [rj]), settings)
     assert plan.status["phase"] == "Failed"
     assert _conditions(plan)["Failed"]["reason"] == "DeadlineExceeded"
+
+
+# Ray's job server after `rlkube run` exited 143 on SIGTERM: the Ray job failed like any other.
+PREEMPTED_EXIT = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
+                  "message": "Job entrypoint command failed with exit code 143"}
+
+
+def test_a_preempted_attempt_resumes_at_once_without_counting_against_the_backoff_limit(settings):
+    # backoffLimit 1 with one failure already used: a failure now would be final.
+    body = make_body({"faultTolerance": {"backoffSeconds": 60, "backoffLimit": 1}},
+                     status={"phase": "Running", "restarts": {"job": 1},
+                             "lastPreemption": {"attempt": 1, "rollout": 7, "time": "2026-03-01T11:59:58Z"}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 1, PREEMPTED_EXIT)]), settings)
+    assert _kinds(plan) == [("RayJob", "tiny-2")]  # no backoff wait
+    assert plan.create[0]["metadata"]["annotations"][PREEMPTIONS_ANNOTATION] == "1"
+    assert plan.delete_rayjobs == ["tiny-1"]
+    assert plan.patch_rayjobs == []  # no failure time stamped: there is no backoff to wait out
+    assert plan.status["phase"] == "Restarting"
+    assert plan.status["restarts"] == {"job": 2, "preemptions": 1}
+    assert plan.status["rayJobName"] == "tiny-2"
+    assert _conditions(plan)["Progressing"]["reason"] == "Preempted"
+    assert "after saving the checkpoint of rollout 7" in plan.status["message"]
+    assert "not counted against faultTolerance.backoffLimit(1)" in plan.status["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Preempted")]
+
+
+def test_after_a_preemption_the_failures_alone_count_against_the_backoff_limit(settings):
+    # Attempts 0 and 1 were preempted, attempt 2 fails: that is the first failure of backoffLimit 1.
+    body = make_body({"faultTolerance": {"backoffSeconds": 10, "backoffLimit": 1}},
+                     status={"phase": "Running", "restarts": {"job": 2, "preemptions": 2},
+                             "lastPreemption": {"attempt": 1, "rollout": 3}})  # about an older attempt
+    plan = reconcile(observed(body, [rayjob_with_status(body, 2, FAILED)]), settings)
+    assert plan.status["phase"] == "Restarting"
+    assert plan.create == []
+    assert plan.requeue_after == pytest.approx(10)  # 10 x 2^0: the backoff of the first failure
+    assert "attempt 3 (restart 1 of 1)" in plan.status["message"]
+    assert plan.status["restarts"] == {"job": 2, "preemptions": 2}
+    # Its second failure is final.
+    body["status"] |= {"restarts": {"job": 3, "preemptions": 2}}
+    plan = reconcile(observed(body, [rayjob_with_status(body, 3, FAILED)]), settings)
+    assert plan.status["phase"] == "Failed"
+    assert _conditions(plan)["Failed"]["reason"] == "BackoffLimitExceeded"
+
+
+def test_a_preemption_restart_whose_status_write_was_lost_is_counted_once(settings):
+    body = make_body(status={"phase": "Running", "restarts": {"job": 0},
+                             "lastPreemption": {"attempt": 0, "rollout": 4}})
+    old = rayjob_with_status(body, 0, PREEMPTED_EXIT)
+    new = rayjob_with_status(body, 1, {"jobDeploymentStatus": "Initializing"},
+                             annotations={PREEMPTIONS_ANNOTATION: "1"})
+    assert preemptions_so_far(body["status"], [old, new]) == 1
+    plan = reconcile(observed(body, [old, new]), settings)
+    assert plan.create == []
+    assert plan.delete_rayjobs == ["tiny-0"]
+    assert plan.status["restarts"] == {"job": 1, "preemptions": 1}
+    assert plan.status["phase"] == "Starting"
+
+
+def test_a_preempted_attempt_is_not_restarted_when_fault_tolerance_is_off(settings):
+    body = make_body({"faultTolerance": {"enabled": False}},
+                     status={"phase": "Running", "lastPreemption": {"attempt": 0, "rollout": 4}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 0, PREEMPTED_EXIT)]), settings)
+    assert plan.status["phase"] == "Failed"
+    assert plan.create == []
+
+
+def test_a_preemption_record_of_the_running_attempt_changes_nothing_until_it_ends(settings):
+    body = make_body(status={"phase": "Running", "lastPreemption": {"attempt": 0, "rollout": 4}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 0, RUNNING)]), settings)
+    assert plan.create == [] and plan.delete_rayjobs == []
+    assert plan.status["phase"] == "Running"
+    assert plan.events == []
 
 
 @pytest.mark.parametrize(("restarts", "base", "cap", "expected"), [
@@ -300,7 +374,7 @@ def test_a_suspended_queued_job_has_no_rayjob_and_resuming_queues_a_new_one(sett
     assert _kinds(plan) == [("RayJob", "tiny-0")]
     assert plan.create[0]["spec"]["suspend"] is True
     assert plan.status["phase"] == "Queued"
-    assert plan.status["restarts"] == {"job": 0}  # a resume is not a restart
+    assert plan.status["restarts"] == {"job": 0, "preemptions": 0}  # a resume is not a restart
 
 
 def test_a_restarted_attempt_of_a_queued_job_waits_in_the_queue_again(settings):

@@ -128,5 +128,8 @@ def test_status_patch_touches_only_operator_fields_and_only_when_they_differ():
     desired |= {"rayClusterName": None, "dashboardUrl": None, "restarts": {"job": 0}}
     assert st.status_changes(current, desired) == {}
     desired["phase"] = "Restarting"
-    desired["restarts"] = {"job": 1}
-    assert st.status_changes(current, desired) == {"phase": "Restarting", "restarts": {"job": 1}}
+    desired["restarts"] = {"job": 1, "preemptions": 0}
+    assert st.status_changes(current, desired) == {"phase": "Restarting", "restarts": {"job": 1, "preemptions": 0}}
+    # A preemption restart changes both operator counters; the runtime's engine count is left alone.
+    desired["restarts"] = {"job": 1, "preemptions": 1}
+    assert st.status_changes(current, desired)["restarts"] == {"job": 1, "preemptions": 1}

@@ -6,7 +6,12 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 
-from rlkube_runtime.status_report import RLJobStatusReporter, build_status_patch
+from rlkube_runtime.status_report import (
+    RLJobStatusReporter,
+    attempt_from_env,
+    build_preemption_patch,
+    build_status_patch,
+)
 
 
 def test_outside_a_cluster_there_is_no_reporter():
@@ -108,3 +113,33 @@ def test_the_reporter_knows_its_attempt_from_the_pod_environment(tmp_path):
     assert RLJobStatusReporter.from_env(env, kubeconfig=str(kubeconfig)).attempt == 3
     del env["RLKUBE_ATTEMPT"]
     assert RLJobStatusReporter.from_env(env, kubeconfig=str(kubeconfig)).attempt is None
+
+
+def test_a_preemption_is_reported_with_the_attempt_and_the_checkpoint_it_saved():
+    when = datetime(2026, 3, 1, 12, 0, 5, 123, tzinfo=timezone.utc)
+    assert build_preemption_patch(2, 7, when) == {
+        "lastPreemption": {"attempt": 2, "rollout": 7, "time": "2026-03-01T12:00:05Z"}
+    }
+    # Nothing trained yet: the rollout of an earlier preemption is cleared (merge patch null).
+    assert build_preemption_patch(0, None, when)["lastPreemption"]["rollout"] is None
+
+
+def test_the_attempt_comes_from_the_pods_environment():
+    assert attempt_from_env({"RLKUBE_ATTEMPT": "3"}) == 3
+    assert attempt_from_env({}) is None
+    assert attempt_from_env({"RLKUBE_ATTEMPT": "x"}) is None
+
+
+def test_report_preempted_patches_last_preemption_only():
+    class Api:
+        patches = []
+
+        def patch_namespaced_custom_object_status(self, *args, **kw):
+            self.patches.append(args[-1])
+
+    reporter = RLJobStatusReporter.__new__(RLJobStatusReporter)
+    reporter.name, reporter.namespace, reporter._api = "tiny", "a", Api()
+    assert reporter.report_preempted(1, 4) is True
+    [body] = Api.patches
+    assert list(body["status"]) == ["lastPreemption"]
+    assert (body["status"]["lastPreemption"]["attempt"], body["status"]["lastPreemption"]["rollout"]) == (1, 4)

@@ -8,6 +8,8 @@ the real processes are exercised by tests/integration/test_fault_tolerance.py.
 from __future__ import annotations
 
 import asyncio
+import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,19 @@ class _EngineActor:
         return outcome
 
 
+class _Admin:
+    """An engine's control client: reports the weight version the engine holds."""
+
+    def __init__(self, version="default"):
+        self.version = version
+
+    async def get_weight_version(self):
+        return self.version
+
+    async def close(self):
+        pass
+
+
 class _Router:
     def __init__(self, workers):
         self.workers = list(workers)
@@ -55,8 +70,9 @@ class _Router:
 def _manager(outcomes, max_restarts=2):
     spec = yaml.safe_load(LOCAL_TINY.read_text())["spec"]
     spec["faultTolerance"] = {"maxEngineRestarts": max_restarts}
-    manager = RolloutManager(spec, model_path="unused", log_dir="unused")
+    manager = RolloutManager(spec, model_path="unused", log_dir=tempfile.mkdtemp(prefix="rlkube-replacement-"))
     manager._urls = ["http://engine:1", "http://engine:2"]
+    manager._admins = {f"http://engine:{i}": _Admin() for i in range(1, 10)}
     manager._engines = [_EngineActor([]), _EngineActor(outcomes)]
     manager._router = _Router(manager._urls)
     return manager
@@ -69,6 +85,13 @@ async def test_a_replacement_that_fails_to_start_is_retried_and_both_attempts_co
     assert manager._router.workers == ["http://engine:1", "http://engine:3"]
     assert await manager.take_engine_restarts() == 2
     assert await manager.take_engine_restarts() == 0
+    # The replacement is journalled with the version it reported as it joined the router.
+    [record] = [json.loads(line) for line in (Path(manager.log_dir) / "engine_restarts.jsonl").read_text().splitlines()]
+    assert {k: record[k] for k in ("engine", "old", "new", "weight_version", "synced_version")} == {
+        "engine": 1, "old": "http://engine:2", "new": "http://engine:3", "weight_version": "default",
+        "synced_version": None,
+    }
+    assert record["detected_at"] <= record["joined_at"]
 
 
 async def test_replacements_stop_at_max_engine_restarts_with_the_field_named():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
 import torch
 from rlkube_runtime.trainer.checkpoint import (
     MARKER,
+    CheckpointSaveError,
     CheckpointSkippedWarning,
     clean_partial_checkpoints,
     list_checkpoints,
@@ -116,3 +118,26 @@ def test_bad_arguments_name_the_value(tmp_path):
         save_checkpoint(tmp_path, 1, {"../x": 1})
     with pytest.raises(ValueError, match="keep must be >= 1"):
         save_checkpoint(tmp_path, 1, {"x": 1}, keep=0)
+
+
+def test_a_full_disk_fails_the_save_naming_the_cause_and_keeps_the_older_checkpoints(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, 2, {"model": {"w": torch.ones(3)}})
+    real_save = torch.save
+
+    def disk_full(obj, f, *args, **kwargs):
+        # What torch.save does on ENOSPC: the OSError only as the context of its own RuntimeError.
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(CheckpointSaveError) as info:
+        save_checkpoint(tmp_path, 5, {"model": {"w": torch.ones(3)}})
+    message = str(info.value)
+    assert f"could not save the checkpoint of rollout 5 in {tmp_path}: No space left on device" in message
+    assert f"newest: rollout 2, {tmp_path / 'rollout_00000002'}" in message
+    assert "unexpected pos" not in message
+    monkeypatch.setattr(torch, "save", real_save)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "rollout_00000002"]  # the partial save removed
+    assert load_latest_checkpoint(tmp_path).rollout_id == 2
