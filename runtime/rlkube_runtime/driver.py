@@ -38,6 +38,8 @@ PREEMPTED_EXIT_CODE = 143
 # A megatron trainer's checkpoint: its ranks' distributed checkpoint in this sub-directory.
 MEGATRON_FORMAT = "megatron_dist"
 MEGATRON_DIR = "trainer"
+# The torch backend's state in a checkpoint: written by trainer rank 0, read by every rank.
+TRAINER_STATE_FILE = "trainer_state.pt"
 
 
 class Preempted(Exception):
@@ -304,18 +306,20 @@ class Job:
 class JobCheckpoint:
     """What a checkpoint holds beyond the files: written by `_save`, read by `_resume`."""
 
-    trainer: dict[str, Any]  # rank 0's model, optimizer and schedule (the same on every rank)
     trainer_rng: list[Any]  # every rank's random streams, rank order
     data_source: dict[str, Any]  # the prompt position and buffer as of the next rollout's start
     progress: dict[str, int]
+    # Rank 0's model, optimizer and schedule, only in checkpoints written before the trainer wrote
+    # them itself (TRAINER_STATE_FILE, read by every rank without passing through the driver).
+    trainer: dict[str, Any] | None = None
 
     def payload(self) -> dict[str, Any]:
-        return {"trainer": self.trainer, "trainer_rng": self.trainer_rng, "data_source": self.data_source,
-                "progress": self.progress}
+        payload = {"trainer_rng": self.trainer_rng, "data_source": self.data_source, "progress": self.progress}
+        return payload if self.trainer is None else {**payload, "trainer": self.trainer}
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> JobCheckpoint:
-        return cls(trainer=payload["trainer"], trainer_rng=payload.get("trainer_rng") or [],
+        return cls(trainer=payload.get("trainer"), trainer_rng=payload.get("trainer_rng") or [],
                    data_source=payload["data_source"], progress=payload.get("progress") or {})
 
 
@@ -478,7 +482,11 @@ def _resume(job: Job) -> int:
         if len(rngs) != len(job.trainers):
             # Another trainer world size (or an older checkpoint): every rank takes rank 0's streams.
             rngs = [None] * len(job.trainers)
-        ray.get([t.load_state_dict.remote(saved.trainer, rng) for t, rng in zip(job.trainers, rngs)])
+        if saved.trainer is None:
+            state = str(found.path / TRAINER_STATE_FILE)
+            ray.get([t.load_state_file.remote(state, rng) for t, rng in zip(job.trainers, rngs)])
+        else:
+            ray.get([t.load_state_dict.remote(saved.trainer, rng) for t, rng in zip(job.trainers, rngs)])
         data_source = saved.data_source
     ray.get(job.rollout.load_data_state.remote(data_source))
     start = found.rollout_id + 1
@@ -644,7 +652,7 @@ def _save(job: Job, rollout_id: int, *, force: bool = False) -> dict[str, Any] |
     `force`d): its rollout, path and time, else None."""
     import ray
 
-    from rlkube_runtime.trainer.checkpoint import begin_checkpoint, finish_checkpoint, save_checkpoint
+    from rlkube_runtime.trainer.checkpoint import abandon_checkpoint, begin_checkpoint, finish_checkpoint
 
     spec = job.spec
     num_rollout, interval = spec.training.num_rollout, spec.checkpoint.interval
@@ -663,15 +671,21 @@ def _save(job: Job, rollout_id: int, *, force: bool = False) -> dict[str, Any] |
         path = finish_checkpoint(job.plan.checkpoint_root, rollout_id, tmp, payload, keep=spec.checkpoint.keep)
         job.last_saved, job.last_saved_path = rollout_id, str(path)
         return {"rollout": rollout_id, "path": str(path), "time": datetime.now(timezone.utc)}
+    # Rank 0 writes the trainer state into the checkpoint's temporary directory itself; this
+    # process adds the small parts and makes the whole directory visible at once.
+    tmp = begin_checkpoint(job.plan.checkpoint_root, rollout_id)
+    try:
+        ray.get(job.trainers[0].save_state.remote(str(tmp / TRAINER_STATE_FILE)))
+    except ray.exceptions.RayTaskError as err:
+        raise abandon_checkpoint(job.plan.checkpoint_root, rollout_id, tmp, err.cause or err) from err
     saved = JobCheckpoint(
-        trainer=ray.get(job.trainers[0].state_dict.remote()),
         trainer_rng=ray.get([t.rng_state.remote() for t in job.trainers]),
         # The data position as of the next rollout's start (in async mode rollout k+1 already
         # took its prompts; its checkpointed position is from before).
         data_source=ray.get(job.rollout.data_state.remote(rollout_id + 1)),
         progress={"rollout_id": rollout_id, "num_rollout": num_rollout},
     )
-    path = save_checkpoint(job.plan.checkpoint_root, rollout_id, saved.payload(), keep=spec.checkpoint.keep)
+    path = finish_checkpoint(job.plan.checkpoint_root, rollout_id, tmp, saved.payload(), keep=spec.checkpoint.keep)
     job.last_saved, job.last_saved_path = rollout_id, str(path)
     return {"rollout": rollout_id, "path": str(path), "time": datetime.now(timezone.utc)}
 

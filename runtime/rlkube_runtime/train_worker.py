@@ -209,6 +209,18 @@ class TrainerWorker:
     def state_dict(self) -> dict[str, Any]:
         return self.backend.state_dict()
 
+    def save_state(self, path: str) -> int:
+        """Write `state_dict()` to `path` (a file in a checkpoint being saved); returns its bytes.
+        Rank 0 writes it straight to storage: the state (weights and Adam moments, 12 bytes a
+        parameter) never travels through Ray to the driver."""
+        from rlkube_runtime.trainer.checkpoint import save_torch_file
+
+        return save_torch_file(path, self.backend.state_dict())
+
+    def load_state_file(self, path: str, rng: dict[str, Any] | None = None) -> None:
+        """`load_state_dict` from a file `save_state` wrote (every rank reads it itself)."""
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), rng)
+
     def rng_state(self) -> dict[str, Any]:
         """This rank's random generators: each rank's streams are saved, since dropout or any
         rank-dependent draw makes them differ."""

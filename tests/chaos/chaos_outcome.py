@@ -54,6 +54,9 @@ def final_weights(root: Path) -> tuple[int | None, str | None]:
     """(rollout, sha256 of the model tensors) of the newest checkpoint that verifies."""
     import warnings
 
+    import torch
+
+    from rlkube_runtime.driver import TRAINER_STATE_FILE
     from rlkube_runtime.trainer.checkpoint import load_latest_checkpoint
 
     with warnings.catch_warnings():
@@ -61,7 +64,8 @@ def final_weights(root: Path) -> tuple[int | None, str | None]:
         found = load_latest_checkpoint(root)
     if found is None:
         return None, None
-    return found.rollout_id, tensors_sha256(found.payload["trainer"]["model"])
+    state = torch.load(found.path / TRAINER_STATE_FILE, map_location="cpu", weights_only=True)
+    return found.rollout_id, tensors_sha256(state["model"])
 
 
 def tensors_sha256(state: dict[str, Any]) -> str:

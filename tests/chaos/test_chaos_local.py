@@ -249,19 +249,19 @@ def test_damaged_latest_checkpoints_are_skipped_with_a_warning_and_the_newest_in
     checkpoints = out / "checkpoints"
     corrupt = checkpoints / f"rollout_{NUM_ROLLOUT - 1:08d}"
     half = checkpoints / f"rollout_{NUM_ROLLOUT - 1 - CHECKPOINT_INTERVAL:08d}"
-    data = bytearray((corrupt / "trainer.pt").read_bytes())
+    data = bytearray((corrupt / "trainer_state.pt").read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (corrupt / "trainer.pt").write_bytes(bytes(data))
-    whole = (half / "trainer.pt").read_bytes()
-    (half / "trainer.pt").write_bytes(whole[: len(whole) // 2])
+    (corrupt / "trainer_state.pt").write_bytes(bytes(data))
+    whole = (half / "trainer_state.pt").read_bytes()
+    (half / "trainer_state.pt").write_bytes(whole[: len(whole) // 2])
 
     run = start_run(chaos_job(tmp_path), out)
     assert finish(run) == 0, run.output[-4000:]
     intact = NUM_ROLLOUT - 1 - 2 * CHECKPOINT_INTERVAL
     figures = {**compare(reference.outcome, read_outcome(out)), "resumed_from": _resumed_from(run.output)}
     record_figures("corrupt + half-written latest checkpoints -> newest intact one", figures)
-    assert f"skipping checkpoint {corrupt}: trainer.pt sha256 " in run.output, run.output[-3000:]
-    assert f"skipping checkpoint {half}: trainer.pt has {len(whole) // 2} bytes, manifest says {len(whole)}" in run.output
+    assert f"skipping checkpoint {corrupt}: trainer_state.pt sha256 " in run.output, run.output[-3000:]
+    assert f"skipping checkpoint {half}: trainer_state.pt has {len(whole) // 2} bytes, manifest says {len(whole)}" in run.output
     assert figures["resumed_from"] == intact
     assert_as_reference(figures)
     assert figures["rollouts_redone"] == 2 * CHECKPOINT_INTERVAL  # the rollouts after the intact checkpoint

@@ -138,17 +138,52 @@ def finish_checkpoint(
     try:
         final = _write_checkpoint(root, name, tmp, rollout_id, payload)
     except (OSError, RuntimeError) as err:
-        # torch.save reports a failed write as a RuntimeError ("unexpected pos ..."), the OSError
-        # that caused it (ENOSPC) only as its context: name the real cause.
-        shutil.rmtree(tmp, ignore_errors=True)  # gives the space back, too
-        if (root / name).is_dir() and not (root / name / MARKER).is_file():
-            shutil.rmtree(root / name, ignore_errors=True)
-        raise CheckpointSaveError(_save_failure(root, rollout_id, err)) from err
+        raise abandon_checkpoint(root, rollout_id, tmp, err) from err
     log.info("saved checkpoint %s", final)
 
     if keep is not None:
         prune_checkpoints(root, keep)
     return final
+
+
+def abandon_checkpoint(root: str | os.PathLike, rollout_id: int, tmp: Path, err: BaseException) -> CheckpointSaveError:
+    """Remove what a failed save of `rollout_id` left (its `tmp` directory, a final directory
+    without its marker) and return the error to raise, naming the cause. torch.save reports a
+    failed write as a RuntimeError ("unexpected pos ..."), the OSError that caused it (ENOSPC)
+    only as its context: the message names the real cause."""
+    root = Path(root)
+    name = checkpoint_dir_name(rollout_id)
+    shutil.rmtree(tmp, ignore_errors=True)  # gives the space back, too
+    if (root / name).is_dir() and not (root / name / MARKER).is_file():
+        shutil.rmtree(root / name, ignore_errors=True)
+    return CheckpointSaveError(_save_failure(root, rollout_id, err))
+
+
+def save_torch_file(path: str | os.PathLike, value: Any) -> int:
+    """torch.save `value` to `path` and fsync it; returns the bytes written. For the checkpoint's
+    own files and for the trainer state rank 0 writes straight into a checkpoint being saved."""
+    try:
+        with open(path, "wb") as f:
+            torch.save(value, f)
+            f.flush()
+            os.fsync(f.fileno())
+            return f.tell()
+    except RuntimeError as err:
+        # torch.save reports a failed write ("unexpected pos ...") with the disk's OSError only as
+        # its context, which does not survive crossing processes: raise that OSError itself.
+        cause = _first_os_error(err)
+        if cause is None:
+            raise
+        raise OSError(cause.errno, cause.strerror, str(path)) from err
+
+
+def _first_os_error(err: BaseException) -> OSError | None:
+    chain: BaseException | None = err
+    while chain is not None:
+        if isinstance(chain, OSError):
+            return chain
+        chain = chain.__cause__ or chain.__context__
+    return None
 
 
 def _write_checkpoint(root: Path, name: str, tmp: Path, rollout_id: int, payload: Mapping[str, Any]) -> Path:
@@ -160,10 +195,7 @@ def _write_checkpoint(root: Path, name: str, tmp: Path, rollout_id: int, payload
             _write_bytes(tmp / filename, json.dumps(value, indent=1, sort_keys=True).encode())
         else:
             filename = f"{key}.pt"
-            with open(tmp / filename, "wb") as f:
-                torch.save(value, f)
-                f.flush()
-                os.fsync(f.fileno())
+            save_torch_file(tmp / filename, value)
         files[key] = filename
     manifest = {
         "format": FORMAT_VERSION,
@@ -191,13 +223,7 @@ def _write_checkpoint(root: Path, name: str, tmp: Path, rollout_id: int, payload
 
 def _save_failure(root: Path, rollout_id: int, err: BaseException) -> str:
     """'could not save ... : No space left on device (12 KiB free) ...; the newest intact one ...'."""
-    cause: BaseException = err
-    chain: BaseException | None = err
-    while chain is not None:  # the first OSError in the chain says what the disk said
-        if isinstance(chain, OSError):
-            cause = chain
-            break
-        chain = chain.__cause__ or chain.__context__
+    cause: BaseException = _first_os_error(err) or err  # the first OSError says what the disk said
     if isinstance(cause, OSError) and cause.strerror:
         why = cause.strerror
     else:
