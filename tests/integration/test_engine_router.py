@@ -22,7 +22,7 @@ from engine_fixtures import (  # noqa: F401  (fixtures)
     wait_until,
 )
 from rlkube_runtime.rollout.client import EngineAdmin, EngineHTTPError, RolloutClient
-from rlkube_runtime.rollout.launch import ProcessStartError, RouterProcess, restart_engine, start_engine, start_engines
+from rlkube_runtime.rollout.launch import ProcessStartError, RouterProcess, start_engine, start_engines
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +126,10 @@ async def test_router_keeps_serving_when_an_engine_dies_and_both_serve_after_res
             results = await asyncio.gather(*(client.generate(_request(f"survive-{i}")) for i in range(16)))
             assert all(len(r["output_ids"]) == 16 for r in results)
 
-            new = await asyncio.to_thread(restart_engine, engines[0], router)
+            # As the engine pool replaces an engine: out of the router, started again, back in.
+            router.remove_worker(engines[0].url)
+            new = await asyncio.to_thread(engines[0].restart)
+            router.add_worker(new.url)
             engines[0] = new
             assert sorted(w["url"] for w in router.workers()) == sorted(e.url for e in engines)
             before = [await finished_requests(e.url) for e in engines]

@@ -393,17 +393,6 @@ class RouterProcess:
             time.sleep(0.05)
 
 
-def restart_engine(engine: EngineProcess, router: RouterProcess | None = None) -> EngineProcess:
-    """Replace a (dead or live) engine: deregister it, stop it, start it again on a fresh port and
-    register the new one. The caller re-sends current weights before traffic matters."""
-    if router is not None:
-        router.remove_worker(engine.url)
-    new = engine.restart()
-    if router is not None:
-        router.add_worker(new.url)
-    return new
-
-
 # ---- helpers -------------------------------------------------------------------------------
 
 

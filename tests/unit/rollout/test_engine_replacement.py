@@ -1,8 +1,8 @@
-"""How the rollout manager replaces a dead engine: deregister, restart (retrying a failed
+"""How the engine pool replaces a dead engine: deregister, restart (retrying a failed
 replacement), register; every attempt counts against spec.faultTolerance.maxEngineRestarts.
 
-The engine actor and the router are stand-ins recording calls: this is the manager's bookkeeping,
-the real processes are exercised by tests/integration/test_fault_tolerance.py.
+The engine actor and the router are stand-ins recording calls: this is the pool's bookkeeping,
+the real processes are exercised by tests/integration/test_fault_tolerance.py and tests/chaos.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from rlkube_runtime.rollout.launch import ProcessStartError
-from rlkube_runtime.rollout.manager import EngineRestartLimitExceeded, RolloutManager
+from rlkube_runtime.rollout.engine_pool import EnginePool, EngineRestartLimitExceeded
+from rlkube_runtime.spec import RLJobSpec
 
 LOCAL_TINY = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "local-tiny.yaml"
 
@@ -67,10 +68,12 @@ class _Router:
         self.workers.append(url)
 
 
-def _manager(outcomes, max_restarts=2):
+def _pool(outcomes, max_restarts=2):
     spec = yaml.safe_load(LOCAL_TINY.read_text())["spec"]
     spec["faultTolerance"] = {"maxEngineRestarts": max_restarts}
-    manager = RolloutManager(spec, model_path="unused", log_dir=tempfile.mkdtemp(prefix="rlkube-replacement-"))
+    manager = EnginePool(
+        RLJobSpec.model_validate(spec), model_path="unused", log_dir=tempfile.mkdtemp(prefix="rlkube-replacement-")
+    )
     manager._urls = ["http://engine:1", "http://engine:2"]
     manager._admins = {f"http://engine:{i}": _Admin() for i in range(1, 10)}
     manager._engines = [_EngineActor([]), _EngineActor(outcomes)]
@@ -79,12 +82,12 @@ def _manager(outcomes, max_restarts=2):
 
 
 async def test_a_replacement_that_fails_to_start_is_retried_and_both_attempts_count():
-    manager = _manager([ProcessStartError("port taken"), "http://engine:3"])
+    manager = _pool([ProcessStartError("port taken"), "http://engine:3"])
     await manager._replace_engine(1, "http://engine:2")
     assert manager._urls == ["http://engine:1", "http://engine:3"]
     assert manager._router.workers == ["http://engine:1", "http://engine:3"]
-    assert await manager.take_engine_restarts() == 2
-    assert await manager.take_engine_restarts() == 0
+    assert manager.take_restarts() == 2
+    assert manager.take_restarts() == 0
     # The replacement is journalled with the version it reported as it joined the router.
     [record] = [json.loads(line) for line in (Path(manager.log_dir) / "engine_restarts.jsonl").read_text().splitlines()]
     assert {k: record[k] for k in ("engine", "old", "new", "weight_version", "synced_version")} == {
@@ -95,7 +98,7 @@ async def test_a_replacement_that_fails_to_start_is_retried_and_both_attempts_co
 
 
 async def test_replacements_stop_at_max_engine_restarts_with_the_field_named():
-    manager = _manager([ProcessStartError("1"), ProcessStartError("2"), "http://engine:3"], max_restarts=2)
+    manager = _pool([ProcessStartError("1"), ProcessStartError("2"), "http://engine:3"], max_restarts=2)
     with pytest.raises(EngineRestartLimitExceeded, match="maxEngineRestarts = 2"):
         await manager._replace_engine(1, "http://engine:2")
     # The dead engine is out of the router either way: nothing is sent to it any more.
@@ -103,17 +106,17 @@ async def test_replacements_stop_at_max_engine_restarts_with_the_field_named():
 
 
 async def test_an_engine_already_replaced_by_a_weight_sync_is_not_replaced_again():
-    manager = _manager(["http://engine:3"])
+    manager = _pool(["http://engine:3"])
     manager._urls[1] = "http://engine:9"  # the weight sync's replacement
     await manager._replace_engine(1, "http://engine:2")
     assert manager._urls[1] == "http://engine:9"
-    assert await manager.take_engine_restarts() == 0
+    assert manager.take_restarts() == 0
 
 
 async def test_a_rollout_waiting_on_engines_fails_at_once_when_replacement_has_failed():
-    manager = _manager([])
+    manager = _pool([])
     never_answered = asyncio.get_running_loop().create_future()
-    waiting = asyncio.ensure_future(manager._unless_failed(never_answered))
+    waiting = asyncio.ensure_future(manager.unless_failed(never_answered))
     await asyncio.sleep(0)
     manager._failure = EngineRestartLimitExceeded("engine 1 failed after 2 restarts")
     manager._failed.set()
@@ -123,9 +126,9 @@ async def test_a_rollout_waiting_on_engines_fails_at_once_when_replacement_has_f
 
 
 async def test_a_rollout_that_finishes_returns_its_result():
-    manager = _manager([])
+    manager = _pool([])
 
     async def rollout():
         return "samples"
 
-    assert await manager._unless_failed(rollout()) == "samples"
+    assert await manager.unless_failed(rollout()) == "samples"

@@ -1,0 +1,375 @@
+"""The rollout engines of a job and the router in front of them: start, health, replacement,
+weight pushes and memory hand-off. The rollout manager actor owns one; generation goes through
+the router and never needs to know which engine serves it.
+
+An engine that stops answering (its health check, or a weight sync that finds it dead) is
+replaced: deregistered from the router, started again, given the weights of the last sync by the
+trainer rank that pushes to it, and registered again. Every attempt counts against
+spec.faultTolerance.maxEngineRestarts; when they are used up the failure is kept and raised by
+the next call, and `unless_failed` stops a rollout that waits on engines that will not return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from rlkube_runtime.rollout.engine_actor import EngineActor, engine_actor_options
+from rlkube_runtime.spec import RLJobSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# In the run's log directory: one JSON line per engine replacement (see _journal_replacement).
+ENGINE_RESTARTS_JOURNAL = "engine_restarts.jsonl"
+
+
+class EngineRestartLimitExceeded(RuntimeError):
+    pass
+
+
+class EnginePool:
+    """Not an actor: lives in the rollout manager's event loop (its methods are coroutines)."""
+
+    def __init__(
+        self,
+        spec: RLJobSpec,
+        *,
+        model_path: str,
+        log_dir: str,
+        placement_group: Any = None,
+        engine_bundles: list[int] | None = None,
+        engine_resources: dict[str, float] | None = None,
+        device: str = "cpu",
+        engine_gpu_ids: list[tuple[int, ...]] | None = None,
+    ):
+        self.spec = spec
+        self.model_path = model_path
+        self.log_dir = log_dir
+        self._placement_group = placement_group
+        self._engine_gpu_ids = engine_gpu_ids or []  # per engine; empty: what Ray gives its actor
+        self._engine_bundles = engine_bundles or [None]
+        self._engine_resources = engine_resources or {}
+        self._device = device
+        self._engines: list[Any] = []  # EngineActor handles
+        self._urls: list[str] = []
+        self._router = None
+        self._admins: dict[str, Any] = {}  # engine URL -> its EngineAdmin, kept for the run
+        # Who pushes weights: trainer rank handles, which of them serves engine j, the transport.
+        self._pushers: list[Any] = []
+        self._pusher_of_engine: list[int] = []
+        self._transport = "http"
+        self._disk_dir: str | None = None
+        self._synced_version: str | None = None  # what every engine holds since the last sync
+        self._restarts_total = 0
+        self._restarts_unreported = 0
+        self.generating: int | None = None  # the rollout in flight, for the replacement journal
+        self._health_task: asyncio.Task | None = None
+        self._failure: BaseException | None = None
+        self._failed = asyncio.Event()  # set with _failure: stops a rollout waiting on dead engines
+        self._lock = asyncio.Lock()
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def launch(self) -> Awaitable[list[str]]:
+        """Start one engine per bundle; awaiting the result gives their URLs. The engines take
+        the longest to start (each imports torch and loads the model): the caller gets the rest
+        of the job ready meanwhile, then calls `start_router`."""
+        self._engines = self._create_engines()
+        return asyncio.gather(*(engine.start.remote() for engine in self._engines))
+
+    async def start_router(self, engine_urls: list[str]) -> str:
+        """The real sglang-router in front of the engines, and the health watch; returns its URL."""
+        from rlkube_runtime.rollout.launch import RouterProcess, node_ip
+
+        self._urls = list(engine_urls)
+        self._router = RouterProcess(
+            worker_urls=self._urls,
+            log_dir=self.log_dir,
+            model_path=self.model_path,
+            # On a rollout pod, reached by the other pods at its IP (loopback only off Ray).
+            host=node_ip(),
+            router_args=dict(self.spec.rollout.router_args),
+        )
+        await asyncio.to_thread(self._router.start)
+        if self.spec.fault_tolerance.enabled:
+            self._health_task = asyncio.create_task(self._watch_engines())
+        return self._router.url
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    async def shutdown(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+        for admin in self._admins.values():
+            await admin.close()
+        await asyncio.to_thread(self._deregister_engines)
+        # The engines and the router stop independently: at the same time.
+        engines_stopped = asyncio.gather(*(e.stop.remote() for e in self._engines), return_exceptions=True)
+        if self._router is not None:
+            await asyncio.to_thread(self._router.stop)
+        await engines_stopped
+
+    def _deregister_engines(self) -> None:
+        """Take every engine out of the router by its worker id before the engines stop, as a
+        replacement does, so the router never routes to an engine that is going away. Best
+        effort: a router that is already gone has nothing left to route."""
+        if self._router is None or not self._router.alive():
+            return
+        for url in self._urls:
+            try:
+                self._router.remove_worker(url, wait=False)
+            except (OSError, RuntimeError) as err:  # URLError is an OSError; RuntimeError: a non-2xx answer
+                log.warning("could not deregister engine %s from the router at shutdown: %s", url, err)
+
+    def _create_engines(self) -> list[Any]:
+        """One EngineActor per engine bundle (not started yet), its arguments read from the spec by
+        `engine_actor_options` (seed = training.seed + the engine's index)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        actor_cls = ray.remote(EngineActor)
+        engines = []
+        for j, bundle in enumerate(self._engine_bundles):
+            options: dict[str, Any] = {
+                "num_cpus": self._engine_resources.get("CPU", 0),
+                "num_gpus": self._engine_resources.get("GPU", 0),
+            }
+            if self._placement_group is not None and bundle is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=self._placement_group, placement_group_bundle_index=bundle
+                )
+            gpus = self._engine_gpu_ids[j] if j < len(self._engine_gpu_ids) else ()
+            arguments = engine_actor_options(
+                self.spec, j, model_path=self.model_path, log_dir=self.log_dir, device=self._device, gpu_ids=gpus
+            )
+            engines.append(actor_cls.options(**options).remote(**arguments))
+        return engines
+
+    # -- weights --------------------------------------------------------------------------
+
+    def set_weight_pushers(
+        self, pushers: list[Any], pusher_of_engine: list[int], transport: str, disk_dir: str | None = None
+    ) -> None:
+        """The trainer ranks (Ray handles) that push weights, which one serves engine j (the rank
+        sharing its GPU for `tensor`, rank 0 otherwise), and the `weight_sync` transport."""
+        self._pushers, self._pusher_of_engine = list(pushers), list(pusher_of_engine)
+        self._transport, self._disk_dir = transport, disk_dir
+
+    async def update_weights(self, version: str) -> dict[str, Any]:
+        """Pause and flush every engine, have the trainer push its weights, resume, and check that
+        each engine reports `version`. An engine that fails on the way is replaced (and given the
+        weights) before it rejoins. Returns the push's figures (bytes and seconds per engine)."""
+        self.raise_if_failed()
+        async with self._lock:
+            urls = list(self._urls)
+            paused = await asyncio.gather(*(self._pause(url) for url in urls), return_exceptions=True)
+            dead = {j for j, result in enumerate(paused) if isinstance(result, BaseException)}
+            for j in dead:
+                if not _engine_unreachable(paused[j]):
+                    raise paused[j]
+            report = await self._push(version, [j for j in range(len(urls)) if j not in dead])
+            for j in sorted(dead | {urls.index(url) for url in report["failed"]}):
+                # The engine died since the last health check: replace it now; the replacement
+                # gets these weights before it joins the router.
+                log.warning("engine %s did not take weights version %s; replacing it", urls[j], version)
+                self._synced_version = version
+                await self._replace_engine_locked(j)
+            await asyncio.gather(*(self._resume_and_check(url, version) for url in self._urls))
+            self._synced_version = version
+            return report
+
+    async def _pause(self, url: str) -> None:
+        admin = self._admin(url)
+        await admin.pause_generation()
+        await admin.flush_cache()
+
+    async def _resume_and_check(self, url: str, version: str) -> None:
+        admin = self._admin(url)
+        await admin.continue_generation()
+        got = await admin.get_weight_version()
+        if got != version:
+            raise RuntimeError(f"engine {url} reports weight version {got!r} after loading {version!r}")
+
+    async def _push(self, version: str, engines: list[int], urls: dict[int, str] | None = None) -> dict[str, Any]:
+        """Push `version` (the trainer's current weights) to these engines, each from its pusher
+        rank; the reports merged: the slowest rank's seconds, failed engine URLs."""
+        urls = urls or {j: self._urls[j] for j in engines}
+        by_pusher: dict[int, list[str]] = {}
+        for j in engines:
+            by_pusher.setdefault(self._pusher_of_engine[j], []).append(urls[j])
+        reports = await asyncio.gather(*(
+            self._pushers[rank].push_weights.remote(targets, self._transport, version, self._disk_dir)
+            for rank, targets in by_pusher.items()
+        ))
+        merged = {"transport": self._transport, "bytes_per_engine": 0, "seconds": 0.0, "requests_per_engine": 0, "failed": {}}
+        for report in reports:
+            merged["bytes_per_engine"] = max(merged["bytes_per_engine"], report["bytes_per_engine"])
+            merged["requests_per_engine"] = max(merged["requests_per_engine"], report["requests_per_engine"])
+            merged["seconds"] = max(merged["seconds"], report["seconds"])
+            merged["failed"].update(report["failed"])
+        return merged
+
+    async def release_memory(self, tags: list[str] | None = None) -> None:
+        """Every engine frees `tags` (weights, kv_cache, cuda_graph; default all) until resumed."""
+        await self._each_live_engine(lambda admin: admin.release_memory_occupation(tags))
+
+    async def resume_memory(self, tags: list[str] | None = None) -> None:
+        await self._each_live_engine(lambda admin: admin.resume_memory_occupation(tags))
+
+    async def _each_live_engine(self, call) -> None:
+        """`call` every engine's admin at once. An engine that does not answer is passed over: a
+        dead engine holds no memory, and the health check (or the next weight sync) replaces it
+        with one that starts with its memory in place."""
+        urls = list(self._urls)
+        results = await asyncio.gather(*(call(self._admin(url)) for url in urls), return_exceptions=True)
+        for url, result in zip(urls, results):
+            if isinstance(result, BaseException):
+                if not _engine_unreachable(result):
+                    raise result
+                log.warning("engine %s did not answer (%s); it will be replaced", url, result)
+
+    def _admin(self, url: str):
+        """The engine's control client: one per engine for the run, so one connection pool and
+        not a new session and connection for every call."""
+        from rlkube_runtime.rollout.client import EngineAdmin
+
+        if url not in self._admins:
+            self._admins[url] = EngineAdmin(url)
+        return self._admins[url]
+
+    # -- fault tolerance ------------------------------------------------------------------
+
+    def take_restarts(self) -> int:
+        """Engine restarts since the last call (the driver counts them into its metrics)."""
+        n, self._restarts_unreported = self._restarts_unreported, 0
+        return n
+
+    def raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    async def unless_failed(self, work: Awaitable[T]) -> T:
+        """`work`'s result, unless engine replacement fails first: then raise that failure at once
+        instead of letting requests retry against engines that will not come back."""
+        task = asyncio.ensure_future(work)
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise self._failure
+        return task.result()
+
+    async def _watch_engines(self) -> None:
+        from rlkube_runtime.rollout.client import EngineAdmin
+
+        check = self.spec.fault_tolerance.health_check
+        await asyncio.sleep(check.first_wait_seconds)
+        while True:
+            for j, url in enumerate(list(self._urls)):
+                admin = EngineAdmin(url, timeout=check.timeout_seconds)
+                try:
+                    healthy = await admin.health_generate()
+                except Exception as err:  # a dead engine fails in many ways; all mean "replace it"
+                    log.warning("engine %s failed its health check: %s", url, err)
+                    healthy = False
+                finally:
+                    await admin.close()
+                if not healthy:
+                    try:
+                        await self._replace_engine(j, url)
+                    except BaseException as err:
+                        self._failure = err
+                        self._failed.set()
+                        return
+            await asyncio.sleep(check.interval_seconds)
+
+    async def _replace_engine(self, j: int, failed_url: str) -> None:
+        async with self._lock:
+            if self._urls[j] != failed_url:
+                return  # a weight sync found it dead first and has replaced it already
+            await self._replace_engine_locked(j)
+
+    async def _replace_engine_locked(self, j: int) -> None:
+        """Deregister engine j, start it again (each attempt counts as a restart: a replacement
+        can fail too, e.g. when its fresh port was taken meanwhile), give it the weights of the
+        last sync (pushed by the trainer; a replacement during a train phase waits for the phase
+        and gets the trainer's weights as they are then), register it."""
+        old = self._urls[j]
+        detected_at = time.time()
+        await asyncio.to_thread(self._router.remove_worker, old)
+        if old in self._admins:
+            await self._admins.pop(old).close()
+        while True:
+            self._count_restart(j)
+            try:
+                new = await self._engines[j].restart.remote()
+                if self._synced_version is not None:
+                    await self._pause(new)
+                    report = await self._push(self._synced_version, [j], urls={j: new})
+                    if report["failed"]:
+                        raise RuntimeError(f"the replacement did not take the weights: {report['failed'][new]}")
+                    await self._resume_and_check(new, self._synced_version)
+                # What the replacement holds as it joins the router, asked of the engine itself:
+                # the record that a joining engine serves the trainer's latest weights.
+                serving = await self._admin(new).get_weight_version()
+                break
+            except Exception as err:  # the next attempt stops whatever this one left running
+                log.warning("engine %d: replacement %d failed: %s", j, self._restarts_total, err)
+        self._urls[j] = new
+        await asyncio.to_thread(self._router.add_worker, new)
+        log.warning("engine %d replaced: %s -> %s (weight version %s)", j, old, new, serving)
+        self._journal_replacement({
+            "engine": j, "old": old, "new": new, "rollout": self.generating,
+            "weight_version": serving, "synced_version": self._synced_version,
+            "detected_at": detected_at, "joined_at": time.time(),
+        })
+
+    def _journal_replacement(self, record: dict[str, Any]) -> None:
+        """One line per replaced engine in `<log dir>/engine_restarts.jsonl`: which engine, the
+        rollout in flight, the weight version it joined with and the last synced one, and when
+        its failure was found and when it joined the router again (Unix seconds)."""
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+            with open(os.path.join(self.log_dir, ENGINE_RESTARTS_JOURNAL), "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as err:  # a full or read-only log volume must not stop the run
+            log.warning("could not record the engine replacement in %s: %s", self.log_dir, err)
+
+    def _count_restart(self, j: int) -> None:
+        limit = self.spec.fault_tolerance.max_engine_restarts
+        if not self.spec.fault_tolerance.enabled:
+            raise EngineRestartLimitExceeded(
+                f"rollout engine {j} stopped answering, and spec.faultTolerance.enabled = false: it is not replaced"
+            )
+        if self._restarts_total >= limit:
+            raise EngineRestartLimitExceeded(
+                f"rollout engine {j} stopped answering, and all restarts are used "
+                f"({self._restarts_total} of spec.faultTolerance.maxEngineRestarts = {limit})"
+            )
+        self._restarts_total += 1
+        self._restarts_unreported += 1
+
+
+def _engine_unreachable(error: BaseException) -> bool:
+    """Connection failures and 5xx answers after the client's retries: the engine is gone."""
+    import aiohttp
+
+    from rlkube_runtime.rollout.client import EngineHTTPError
+
+    if isinstance(error, EngineHTTPError):
+        return error.status >= 500
+    return isinstance(error, (aiohttp.ClientConnectionError, asyncio.TimeoutError))
