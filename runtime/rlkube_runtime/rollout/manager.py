@@ -33,31 +33,13 @@ __all__ = ["EngineRestartLimitExceeded", "RolloutManager"]
 
 
 class RolloutManager:
-    def __init__(
-        self,
-        spec: dict[str, Any],
-        *,
-        model_path: str,
-        log_dir: str,
-        placement_group: Any = None,
-        engine_bundles: list[int] | None = None,
-        engine_resources: dict[str, float] | None = None,
-        device: str = "cpu",
-        engine_gpu_ids: list[tuple[int, ...]] | None = None,
-    ):
+    def __init__(self, spec: dict[str, Any], *, model_path: str, log_dir: str, **placement: Any):
+        """`placement`: where the engines go, as `EnginePool` takes it (placement group, engine
+        bundles and resources, device, GPU ids per engine)."""
         self.spec = RLJobSpec.model_validate(spec)
         self.model_path = model_path
         self.log_dir = log_dir
-        self.engines = EnginePool(
-            self.spec,
-            model_path=model_path,
-            log_dir=log_dir,
-            placement_group=placement_group,
-            engine_bundles=engine_bundles,
-            engine_resources=engine_resources,
-            device=device,
-            engine_gpu_ids=engine_gpu_ids,
-        )
+        self.engines = EnginePool(self.spec, model_path=model_path, log_dir=log_dir, **placement)
         self._client = None
         self._data_states: dict[int, dict[str, Any]] = {}
         self._reward_client = None  # a RemoteRewardClient when reward.url is set
