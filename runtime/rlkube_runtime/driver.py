@@ -179,7 +179,7 @@ def prepare_run(
         raise InvalidSpec(f"{path}: `rlkube run` takes one RLJob per file, found {len(jobs)}")
     job = jobs[0]
     spec = job.spec
-    from rlkube_runtime.train_worker import check_trainer_supports
+    from rlkube_runtime.actors.trainer import check_trainer_supports
 
     from rlkube_runtime.tracking import TrackingError, check_trackers_available
 
@@ -835,7 +835,7 @@ def _start_actors(plan: RunPlan, topology, cluster: str):
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from rlkube_runtime.rollout.manager import RolloutManager
+    from rlkube_runtime.actors.rollout_manager import RolloutManager
     from rlkube_runtime.spec.contract import ROUTER_RESOURCE
 
     spec_dict = plan.job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -882,7 +882,7 @@ def _start_trainers(plan: RunPlan, topology, in_bundle) -> list[Any]:
     """The trainer ranks (TrainerWorker actors), one per trainer bundle, not yet waited for."""
     import ray
 
-    from rlkube_runtime.train_worker import TrainerWorker
+    from rlkube_runtime.actors.trainer import TrainerWorker
 
     # Trainer ranks meet at rank 0's node (its IP, a free port there): on a cluster the ranks
     # are pods of their own, and loopback reaches none of them.

@@ -16,7 +16,7 @@ import dataclasses
 import pathlib
 import shlex
 
-from rlkube_runtime.rollout.engine_actor import EngineActor, engine_actor_options
+from rlkube_runtime.actors.engine import EngineActor, engine_actor_options
 from rlkube_runtime.rollout.launch import RouterProcess, engine_command, engine_launch_spec
 from rlkube_runtime.rollout.sglang_args import SGLangServerConfig, engine_nodes, sglang_server_args
 from rlkube_runtime.spec import RLJob, load_rljob

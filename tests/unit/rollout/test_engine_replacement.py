@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rlkube_runtime.rollout.launch import ProcessStartError
-from rlkube_runtime.rollout.engine_pool import EnginePool, EngineRestartLimitExceeded
+from rlkube_runtime.actors.engine_pool import EnginePool, EngineRestartLimitExceeded
 from rlkube_runtime.spec import RLJobSpec
 
 LOCAL_TINY = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "local-tiny.yaml"

@@ -19,7 +19,7 @@ def test_the_filter_loads_by_the_path_the_examples_use():
 
 
 def test_slime_users_name_the_builtin_filter_as_slime_does():
-    from rlkube_runtime.rollout.manager import _sampling_filter
+    from rlkube_runtime.actors.rollout_manager import _sampling_filter
     from rlkube_runtime.spec.rollout import RolloutSpec
 
     for ref in ("check_reward_nonzero_std", "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"):

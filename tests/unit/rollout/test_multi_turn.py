@@ -24,7 +24,7 @@ from rlkube_runtime.rollout.tools_example import (
     parse_calc_call,
 )
 from rlkube_runtime.tiny.model import build_tiny_checkpoint
-from rlkube_runtime.train_worker import to_train_batch
+from rlkube_runtime.actors.trainer import to_train_batch
 
 
 @pytest.fixture(scope="module")

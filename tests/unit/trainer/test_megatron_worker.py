@@ -15,7 +15,7 @@ from megatron_testutil import megatron_core  # noqa: F401 - skips without megatr
 
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.spec import RLJobSpec
-from rlkube_runtime.train_worker import TrainerWorker, check_trainer_supports
+from rlkube_runtime.actors.trainer import TrainerWorker, check_trainer_supports
 
 LOCAL_TINY = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "local-tiny.yaml"
 

@@ -8,7 +8,7 @@ import pytest
 from rlkube_runtime.spec import load_rljob, parse_rljob
 from rlkube_runtime.spec.algorithm import NO_CRITIC_MESSAGE
 from rlkube_runtime.spec.load import SpecError
-from rlkube_runtime.train_worker import check_trainer_supports
+from rlkube_runtime.actors.trainer import check_trainer_supports
 
 LOCAL_TINY = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "local-tiny.yaml"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from rlkube_runtime.train_worker import TrainerWorker
+from rlkube_runtime.actors.trainer import TrainerWorker
 
 LOCAL_TINY = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "local-tiny.yaml"
 

@@ -17,7 +17,7 @@ from rlkube_runtime.data.source import PromptSource
 from rlkube_runtime.plugins import load_callable
 from rlkube_runtime.rewards.hub import compute_rewards
 from rlkube_runtime.rewards.pass_at_k import eval_dataset_metrics
-from rlkube_runtime.rollout.engine_pool import EnginePool, EngineRestartLimitExceeded
+from rlkube_runtime.actors.engine_pool import EnginePool, EngineRestartLimitExceeded
 from rlkube_runtime.rollout.generate import (
     GenerateContext,
     SamplingConfig,

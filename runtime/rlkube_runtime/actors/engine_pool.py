@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from rlkube_runtime.rollout.engine_actor import EngineActor, engine_actor_options
+from rlkube_runtime.actors.engine import EngineActor, engine_actor_options
 from rlkube_runtime.spec import RLJobSpec
 
 log = logging.getLogger(__name__)
