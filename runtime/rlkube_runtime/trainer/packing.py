@@ -33,17 +33,18 @@ def plan_micro_batches(
     dynamic_batch_size: bool,
     max_tokens_per_gpu: int | None = None,
     micro_batch_size: int = 1,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS_PER_GPU,
 ) -> list[list[int]]:
     """Group sample indices into micro-batches.
 
     Dynamic: `length_sorted_bins` with at most `max_tokens_per_gpu` padded tokens each (None:
-    DEFAULT_MAX_TOKENS_PER_GPU, or the longest sample when that is longer; a sample longer than
+    `default_max_tokens`, or the longest sample when that is longer; a sample longer than
     the limit goes alone, with a warning). Fixed: consecutive groups of `micro_batch_size`. Every
     index appears exactly once; indices inside a group are ascending.
     """
     if dynamic_batch_size:
         if max_tokens_per_gpu is None:
-            max_tokens_per_gpu = max(DEFAULT_MAX_TOKENS_PER_GPU, *lengths) if lengths else DEFAULT_MAX_TOKENS_PER_GPU
+            max_tokens_per_gpu = max(default_max_tokens, *lengths) if lengths else default_max_tokens
         if max_tokens_per_gpu < 1:
             raise ValueError(f"max_tokens_per_gpu must be a positive token count, got {max_tokens_per_gpu!r}")
         return length_sorted_bins(lengths, max_tokens_per_gpu)

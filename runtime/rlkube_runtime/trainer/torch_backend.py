@@ -40,7 +40,7 @@ from .config import TrainerConfig
 from .lr_schedule import LRSchedule
 from ..memory import PinnedOffload
 from ..spec.backend_rules import TORCH_SELECTIVE_RECOMPUTE_MESSAGE
-from .packing import pad_rows, partition_for_ranks, plan_micro_batches
+from .packing import DEFAULT_MAX_TOKENS_PER_GPU, pad_rows, partition_for_ranks, plan_micro_batches
 from .rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -313,14 +313,12 @@ class TorchBackend:
 
     def _plan(self, batch: TrainBatch) -> list[list[int]]:
         b = self.config.batching
-        budget = b.max_tokens_per_gpu
-        if budget is None and self.device.type == "cuda":
-            budget = max(GPU_MAX_TOKENS_PER_MICRO_BATCH, *batch.total_lengths) if len(batch) else None
         return plan_micro_batches(
             batch.total_lengths,
             dynamic_batch_size=b.dynamic_batch_size,
-            max_tokens_per_gpu=budget,
+            max_tokens_per_gpu=b.max_tokens_per_gpu,
             micro_batch_size=b.micro_batch_size,
+            default_max_tokens=GPU_MAX_TOKENS_PER_MICRO_BATCH if self.device.type == "cuda" else DEFAULT_MAX_TOKENS_PER_GPU,
         )
 
     def _forward(
