@@ -74,6 +74,8 @@ def test_two_ranks_step_like_one_torch_process_and_resume_exactly(tensor, sp, tm
     for key in ("loss", "pg_loss", "grad_norm"):
         assert first[key] == pytest.approx(want[key], rel=1e-5), key
     for name, tensor_ in ref.export_weights().items():
-        diff = (weights[name] - tensor_).abs()  # Adam's first step: see test_megatron_backend
-        assert diff.max() < 5e-5 and diff.mean() < 1e-7, name
+        # Adam's first step (see test_megatron_backend): where a gradient is ~eps, summation-order
+        # noise moves the update by a fraction of lr (1e-3); a tenth of lr at most, ~nothing on average.
+        diff = (weights[name] - tensor_).abs()
+        assert diff.max() < 1e-4 and diff.mean() < 1e-7, (name, diff.max(), diff.mean())
     assert resumed == second

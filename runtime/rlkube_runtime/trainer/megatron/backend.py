@@ -312,7 +312,8 @@ class MegatronBackend:
         fp32 shards and moments moved to the host, the CUDA cache emptied. megatron-core's
         buffer offload keeps every parameter a view of its buffer, so nothing is re-wired on
         resume. On CPU only the gradients go. Forward passes raise until `resume_memory`."""
-        self._zero_grad()
+        if not self._released:  # released already (the weights kept): the gradient buffers are gone
+            self._zero_grad()
         if not self.cpu:
             torch.cuda.synchronize(self.device)
             for buffer in self._ddp_buffers():

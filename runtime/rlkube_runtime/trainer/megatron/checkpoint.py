@@ -81,6 +81,11 @@ def _sharded_state(backend: MegatronBackend, *, is_loading: bool) -> dict:
     if backend.cpu:
         optim_state = _torch_optimizer_sharded(backend, model_state, is_loading=is_loading)
     else:
+        if is_loading:
+            # Without apex or TransformerEngine the distributed optimizer reads Adam's step from
+            # torch's state, which a trainer resuming before its first step does not have yet.
+            for inner in getattr(backend.optimizer, "chained_optimizers", [backend.optimizer]):
+                _zero_adam_state(inner.optimizer)
         optim_state = backend.optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=_DISTRIB_OPTIM)
     return {"model": model_state, "optimizer": optim_state, "scheduler": backend.schedule.state_dict()}
 
@@ -96,10 +101,7 @@ def _torch_optimizer_sharded(backend: MegatronBackend, model_state: dict, *, is_
     optimizer = backend.optimizer
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if is_loading:
-        for p in params:  # the structure to load into: AdamW makes its state lazily
-            if p not in optimizer.state:
-                optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
-                                      "exp_avg_sq": torch.zeros_like(p)}
+        _zero_adam_state(optimizer)
     state = optimizer.state_dict()
     steps = {float(s["step"]) for s in state["state"].values() if "step" in s}
     if len(steps) > 1:
@@ -108,6 +110,16 @@ def _torch_optimizer_sharded(backend: MegatronBackend, model_state: dict, *, is_
     optim_state_to_sharding_state(state, id_map, exclude_keys=("step",))
     state["common_step"] = steps.pop() if steps else 0.0
     return state
+
+
+def _zero_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """The structure a checkpoint loads into: torch's Adam makes its state lazily at the first
+    step, so parameters without one get step 0 and zero moments (the load overwrites them)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not optimizer.state.get(p):
+                optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                      "exp_avg_sq": torch.zeros_like(p)}
 
 
 def _load_torch_optimizer(backend: MegatronBackend, loaded: dict) -> None:

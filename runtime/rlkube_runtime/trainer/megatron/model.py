@@ -164,8 +164,9 @@ def transformer_config(
         fp16=dtype == torch.float16,
         use_cpu_initialization=cpu,
         perform_initialization=False,  # every weight is loaded from the HF checkpoint
-        # The fused kernels need apex or TransformerEngine, which rlkube does not install.
-        bias_activation_fusion=False,
+        # SwiGLU fused by torch.compile (megatron's jit_fuser) on a GPU; the other fused kernels
+        # need apex or TransformerEngine, which rlkube does not install.
+        bias_activation_fusion=not cpu,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         apply_rope_fusion=False,
@@ -237,6 +238,8 @@ def build_gpt_model(config, arch: HFArchitecture, *, pre_process: bool, post_pro
     The local layer spec, with every RMSNorm (input, pre-MLP, q/k and final) replaced by
     `RMSNorm` below: megatron-core's own torch-norm wrapper refuses sequence parallelism
     (its sequence-parallel norms come from apex or TransformerEngine, which rlkube does not install).
+    Its core attention is `sdpa_attention_class()`'s: torch's fused attention instead of the
+    local spec's score matrix.
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -244,6 +247,7 @@ def build_gpt_model(config, arch: HFArchitecture, *, pre_process: bool, post_pro
     from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 
     layer = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    layer.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
     if arch.qk_norm:
@@ -277,3 +281,36 @@ class RMSNorm(torch.nn.RMSNorm):
                          device="cpu" if config.use_cpu_initialization else torch.cuda.current_device())
         if config.sequence_parallel:
             self.weight.sequence_parallel = True
+
+
+def sdpa_attention_class():
+    """megatron-core's local DotProductAttention with its forward on torch's
+    `scaled_dot_product_attention` (flash attention on a GPU, GQA without repeating keys).
+
+    The local one materialises the [batch, heads, seq, seq] scores in float32 and runs an unfused
+    masked softmax over them: at 640-token rows that is most of a layer's memory traffic. Every
+    micro-batch here is right-padded rows under a causal mask (`MegatronBackend._micro_batch`), so
+    `is_causal` is the same mask. Configurations that need the local path (attention dropout,
+    query-key layer scaling, windows, non-vanilla softmax, an explicit bias) keep it.
+    """
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class SdpaDotProductAttention(DotProductAttention):
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                    packed_seq_params=None):
+            cfg = self.config
+            if (attention_bias is not None or packed_seq_params is not None or cfg.apply_query_key_layer_scaling
+                    or self.attention_dropout.p > 0 or getattr(cfg, "window_size", None) is not None
+                    or getattr(cfg, "softmax_type", "vanilla") != "vanilla"):
+                return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
+                                       packed_seq_params)
+            # [s, b, heads, dim] -> [b, heads, s, dim]
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.softmax_scale,
+                enable_gqa=self.num_attention_heads_per_partition != self.num_query_groups_per_partition,
+            )
+            seq, batch = query.shape[0], query.shape[1]
+            return out.permute(2, 0, 1, 3).reshape(seq, batch, self.hidden_size_per_partition)
+
+    return SdpaDotProductAttention
