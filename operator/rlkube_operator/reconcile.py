@@ -113,7 +113,6 @@ class Plan:
     delete_rljob: bool = False
     requeue_after: float | None = None
     permanent_error: str | None = None  # set when the spec itself is the problem
-    status_patch: dict[str, Any] = field(default_factory=dict)  # filled by the controller: what it wrote
 
 
 def backoff_seconds(restarts: int, base: float, cap: float) -> float:
