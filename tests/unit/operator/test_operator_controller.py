@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from datetime import timedelta
 
+import pytest
 from operator_testutil import NOW, default_settings, make_body
 from rlkube_operator import metrics, render
 from rlkube_operator.controller import Controller
@@ -128,6 +130,8 @@ def test_the_status_patch_returned_is_the_one_written_and_the_plan_is_left_as_de
     _run(_reconcile(controller))  # the RayJob is seen now: its conditions are written
     third = _run(_reconcile(controller))
     assert third.status_patch == {} and len(kube.status_patches) == 2  # nothing left to write
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        third.plan.requeue_after = 0
 
 
 def test_a_failure_then_the_backoff_then_the_next_attempt():
