@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -35,6 +36,15 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+@dataclass(frozen=True)
+class Applied:
+    """One reconcile carried out: the plan, and the merge patch written to the RLJob's status
+    ({} when the status already was as planned)."""
+
+    plan: Plan
+    status_patch: dict[str, Any]
+
+
 class Controller:
     def __init__(
         self,
@@ -51,7 +61,7 @@ class Controller:
         self._locks: dict[Key, asyncio.Lock] = {}
         self._timers: dict[Key, asyncio.TimerHandle] = {}
 
-    async def reconcile(self, namespace: str, name: str) -> Plan | None:
+    async def reconcile(self, namespace: str, name: str) -> Applied | None:
         """Reconcile one RLJob now; None when it no longer exists (or is being deleted), or when
         the reconcile failed (logged, and retried after ERROR_RETRY_SECONDS)."""
         key = (namespace, name)
@@ -92,14 +102,15 @@ class Controller:
         if result is None:
             self.forget(namespace, name)
             return None
-        body, plan = result
+        body, applied = result
+        plan = applied.plan
         if plan.permanent_error:
             metrics.RECONCILE_ERRORS.labels("spec").inc()
         self.phases.set(key, None if plan.delete_rljob else plan.status.get("phase"))
         for event in plan.events:
             self.emit(body, event)
         self._schedule(key, None if plan.delete_rljob else plan.requeue_after)
-        return plan
+        return applied
 
     def forget(self, namespace: str, name: str) -> None:
         """The RLJob is gone: drop its timer and its phase from the metrics."""
@@ -132,7 +143,7 @@ class Controller:
         self._timers.pop(key, None)
         await self.reconcile(*key)
 
-    def _reconcile_blocking(self, namespace: str, name: str) -> tuple[dict[str, Any], Plan] | None:
+    def _reconcile_blocking(self, namespace: str, name: str) -> tuple[dict[str, Any], Applied] | None:
         kube = self.kube
         body = kube.get_rljob(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
@@ -165,11 +176,9 @@ class Controller:
             now=self.clock(),
             conflicts=tuple(conflicts),
         )
-        plan = reconcile(observed, self.settings)
-        self._apply(body, plan)
-        return body, plan
+        return body, self._apply(body, reconcile(observed, self.settings))
 
-    def _apply(self, body: dict[str, Any], plan: Plan) -> None:
+    def _apply(self, body: dict[str, Any], plan: Plan) -> Applied:
         kube = self.kube
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
@@ -189,9 +198,9 @@ class Controller:
         changes = status_changes(body.get("status") or {}, plan.status)
         if changes:
             kube.patch_rljob_status(namespace, name, changes)
-        plan.status_patch = changes
         if plan.delete_rljob:
             kube.delete_rljob(namespace, name)
+        return Applied(plan, changes)
 
 
 def _owned_by(obj: dict[str, Any], uid: str) -> bool:

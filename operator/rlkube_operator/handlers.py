@@ -50,9 +50,10 @@ async def rljob_event(type: str | None, name: str, namespace: str, memo: kopf.Me
     if type == "DELETED":
         memo.controller.forget(namespace, name)
         return
-    plan = await memo.controller.reconcile(namespace, name)
-    if plan is not None and plan.permanent_error and plan.status_patch:
-        raise kopf.PermanentError(f"RLJob {namespace}/{name} failed: {plan.permanent_error}")
+    applied = await memo.controller.reconcile(namespace, name)
+    if applied is not None and applied.plan.permanent_error and applied.status_patch:
+        # Once, when the failure is first written; later reconciles of the failed job are quiet.
+        raise kopf.PermanentError(f"RLJob {namespace}/{name} failed: {applied.plan.permanent_error}")
 
 
 @kopf.on.event(RAY_GROUP, RAY_VERSION, RAYJOBS, labels={LABEL_RLJOB: kopf.PRESENT})

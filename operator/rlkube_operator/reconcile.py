@@ -2,7 +2,8 @@
 
 `reconcile(observed, settings) -> Plan`. The controller gathers `Observed` (the RLJob, its
 RayJobs, ConfigMap, RBAC objects and the current attempt's pods), calls this, and carries the
-plan out. Being a function of observed state only (nothing remembered between calls), it is safe
+plan out. Each branch of the decision names its outcome through one `_Decision` (what this
+reconcile decides from, worked out once), which makes the whole frozen Plan of it. Being a function of observed state only (nothing remembered between calls), it is safe
 across operator restarts: the same cluster state gives the same plan, and nothing is created twice.
 
 Attempts. Attempt n runs as RayJob `<rljob>-n`; n is status.restarts.job, or the highest attempt
@@ -41,7 +42,7 @@ IMMUTABLE_FIELDS are refused by the CRD's CEL transition rules; should a change 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -99,21 +100,21 @@ class Event:
     message: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     """What the controller does, in this order: create, update the ConfigMap, patch RayJobs,
-    delete RayJobs, patch the RLJob status, post events, delete the RLJob (TTL)."""
+    delete RayJobs, patch the RLJob status, post events, delete the RLJob (TTL). Built whole by
+    one branch of the decision; the controller only reads it."""
 
-    create: list[dict[str, Any]] = field(default_factory=list)
+    create: tuple[dict[str, Any], ...] = ()
     update_configmap: dict[str, Any] | None = None
-    patch_rayjobs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    delete_rayjobs: list[str] = field(default_factory=list)
+    patch_rayjobs: tuple[tuple[str, dict[str, Any]], ...] = ()
+    delete_rayjobs: tuple[str, ...] = ()
     status: dict[str, Any] = field(default_factory=dict)  # the full operator-owned status wanted
-    events: list[Event] = field(default_factory=list)
+    events: tuple[Event, ...] = ()
     delete_rljob: bool = False
     requeue_after: float | None = None
     permanent_error: str | None = None  # set when the spec itself is the problem
-    status_patch: dict[str, Any] = field(default_factory=dict)  # filled by the controller: what it wrote
 
 
 def backoff_seconds(restarts: int, base: float, cap: float) -> float:
@@ -189,115 +190,324 @@ def effective_spec(running: dict[str, Any] | None, live: dict[str, Any]) -> tupl
 
 def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
     body = obs.rljob
-    meta = body.get("metadata") or {}
-    status = body.get("status") or {}
     ref = render.JobRef.from_body(body)
-    plan = Plan()
-    prev_phase = status.get("phase")
-
     try:
         render.check_name(ref.name)
         job = parse_rljob(_spec_object(body))
         # Rendered once up front so a spec that cannot become pods creates nothing at all.
         render.render_rayjob(ref, job.spec, attempt=0, settings=settings)
     except (SpecError, render.RenderError) as exc:
-        return _fail_permanently(obs, plan, _first_error(exc))
+        return _fail_permanently(obs, _first_error(exc))
 
-    if prev_phase in {p.value for p in TERMINAL_PHASES}:
-        return _finished(obs, job, plan)
+    if (body.get("status") or {}).get("phase") in {p.value for p in TERMINAL_PHASES}:
+        return _finished(obs, job)
 
+    d = _Decision.of(obs, settings, ref, job)
     if obs.conflicts:
+        return d.name_conflict()
+    if d.held:
+        try:
+            job = parse_rljob({**_spec_object(body), "spec": d.spec})
+        except SpecError as exc:
+            return _fail_permanently(obs, _first_error(exc))
+    d = d.going_ahead(job)
+
+    if d.deadline_left is not None and d.deadline_left <= 0:
+        message = f"spec.activeDeadlineSeconds({job.spec.active_deadline_seconds}) passed; the job ran out of time"
+        return d.finish(RLJobPhase.FAILED, "DeadlineExceeded", message,
+                        delete=(d.name,) if d.current is not None else ())
+
+    if d.current is None and job.spec.suspend and job.spec.queue_name:
+        message = f"suspended: no RayJob while spec.suspend is true; resuming queues {d.name} in {job.spec.queue_name}"
+        return d.active(RLJobPhase.SUSPENDED, "Suspended", message)
+    if d.current is None:
+        return d.start_attempt()
+    if d.current["metadata"].get("deletionTimestamp"):
+        # Someone deleted the current attempt's RayJob; make it again once it is gone.
+        return d.active(_phase(d.status.get("phase")), "RayJobDeleting", f"RayJob {d.name} is being deleted",
+                        requeue_after=min(2.0, settings.resync_seconds))
+
+    attempt = observe_rayjob(d.current, obs.pods)
+    if attempt.failed:
+        return d.after_failure(attempt)
+    if attempt.phase == RLJobPhase.SUCCEEDED:
+        return d.finish(RLJobPhase.SUCCEEDED, attempt.reason, attempt.message, attempt=attempt)
+    if is_queued_by_kueue(d.current):
+        return d.under_kueue(attempt)
+    return d.with_own_suspend(attempt)
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """What one reconcile decides from, worked out once: the observed state, the job, the current
+    attempt n and its RayJob, the spec in force. Each branch of the decision names its outcome (a
+    phase, reason and message, and the actions it takes) and these methods make the Plan of it,
+    with the status, the events and the requeue that go with it."""
+
+    obs: Observed
+    settings: OperatorSettings
+    job: RLJob
+    ref: render.JobRef
+    status: dict[str, Any]  # the RLJob's status as observed
+    n: int  # the current attempt
+    current: dict[str, Any] | None  # its RayJob, when it exists
+    preemptions: int  # restarts after preemptions so far
+    spec: dict[str, Any]  # the live spec with the immutable fields held at their running values
+    held: tuple[str, ...]  # the immutable fields (spec.* paths) whose change was held back
+    # Set by going_ahead: what every plan from then on also does, and the spec file wanted.
+    create: tuple[dict[str, Any], ...] = ()
+    delete: tuple[str, ...] = ()
+    configmap: dict[str, Any] | None = None
+    deadline_left: float | None = None
+
+    @classmethod
+    def of(cls, obs: Observed, settings: OperatorSettings, ref: render.JobRef, job: RLJob) -> _Decision:
+        status = obs.rljob.get("status") or {}
+        n = current_attempt(status, obs.rayjobs)
+        name = render.rayjob_name(ref.name, n)
+        current = next((rj for rj in obs.rayjobs if rj["metadata"]["name"] == name), None)
+        spec, held = effective_spec(configmap_spec_or_none(obs.configmap), obs.rljob.get("spec") or {})
+        return cls(obs, settings, job, ref, status, n, current, preemptions_so_far(status, obs.rayjobs), spec,
+                   tuple(held))
+
+    def going_ahead(self, job: RLJob) -> _Decision:
+        """The job (parsed from the spec in force) goes ahead: every plan from here on creates the
+        missing children and deletes the RayJobs of other attempts."""
+        configmap = render.render_configmap(self.ref, self.spec)
+        obs = self.obs
+        missing = (
+            (configmap, obs.configmap is None),
+            (render.render_service_account(self.ref), not obs.service_account),
+            (render.render_role(self.ref), not obs.role),
+            (render.render_role_binding(self.ref), not obs.role_binding),
+        )
+        stale = tuple(rj["metadata"]["name"] for rj in obs.rayjobs
+                      if rj is not self.current and not rj["metadata"].get("deletionTimestamp"))
+        return replace(
+            self, job=job, configmap=configmap, create=tuple(obj for obj, absent in missing if absent), delete=stale,
+            deadline_left=_deadline_left(job, obs.rljob.get("metadata") or {}, obs.now),
+        )
+
+    @property
+    def name(self) -> str:
+        """The current attempt's RayJob."""
+        return render.rayjob_name(self.ref.name, self.n)
+
+    # --- the branches ---
+
+    def name_conflict(self) -> Plan:
         message = (
-            f"{', '.join(obs.conflicts)} already exist(s) and is not owned by this RLJob; delete or rename it "
+            f"{', '.join(self.obs.conflicts)} already exist(s) and is not owned by this RLJob; delete or rename it "
             "(retrying)"
         )
-        _status(obs, job, plan, _phase(prev_phase) if prev_phase else RLJobPhase.PENDING, "NameConflict", message,
-                current_attempt(status, obs.rayjobs), None)
-        if status.get("message") != message:
-            plan.events.append(Event("Warning", "NameConflict", message))
-        plan.requeue_after = settings.resync_seconds
-        return plan
+        news = (Event("Warning", "NameConflict", message),) if self.status.get("message") != message else ()
+        return self.active(_phase(self.status.get("phase")), "NameConflict", message, events=news)
 
-    running = configmap_spec_or_none(obs.configmap)
-    spec_dict, held = effective_spec(running, body.get("spec") or {})
-    if held:
+    def start_attempt(self) -> Plan:
+        """Create attempt n's RayJob."""
         try:
-            job = parse_rljob({**_spec_object(body), "spec": spec_dict})
-        except SpecError as exc:
-            return _fail_permanently(obs, plan, _first_error(exc))
-    desired_cm = render.render_configmap(ref, spec_dict)
-
-    _plan_children(obs, ref, desired_cm, plan)
-
-    def refresh_configmap() -> None:
-        # The runtime reads the spec when an attempt starts: bring the file up to date then.
-        if obs.configmap is not None and obs.configmap.get("data") != desired_cm["data"]:
-            plan.update_configmap = desired_cm
-
-    n = current_attempt(status, obs.rayjobs)
-    name = render.rayjob_name(ref.name, n)
-    current = next((rj for rj in obs.rayjobs if rj["metadata"]["name"] == name), None)
-    for rj in obs.rayjobs:
-        if rj is not current and not rj["metadata"].get("deletionTimestamp"):
-            plan.delete_rayjobs.append(rj["metadata"]["name"])
-
-    deadline_left = _deadline_left(job, meta, obs.now)
-    if deadline_left is not None and deadline_left <= 0:
-        if current is not None:
-            plan.delete_rayjobs.append(name)
-        message = f"spec.activeDeadlineSeconds({job.spec.active_deadline_seconds}) passed; the job ran out of time"
-        return _finish_status(obs, job, plan, RLJobPhase.FAILED, "DeadlineExceeded", message, n, current)
-
-    if current is None and job.spec.suspend and job.spec.queue_name:
-        message = f"suspended: no RayJob while spec.suspend is true; resuming queues {name} in {job.spec.queue_name}"
-        _status(obs, job, plan, RLJobPhase.SUSPENDED, "Suspended", message, n, None)
-        plan.requeue_after = settings.resync_seconds
-        return plan
-
-    if current is None:
-        try:
-            rayjob = render.render_rayjob(
-                ref, job.spec, attempt=n, settings=settings, active_deadline_seconds=deadline_left
-            )
+            rayjob = self._rayjob(self.n)
         except render.RenderError as exc:  # only when held fixed fields make a different spec
-            return _fail_permanently(obs, plan, (exc.field, exc.message))
-        refresh_configmap()
-        plan.create.append(rayjob)
-        _status(obs, job, plan, *_created_phase(job, name, n), n, None)
-        plan.requeue_after = settings.resync_seconds
-        return plan
+            return _fail_permanently(self.obs, (exc.field, exc.message), create=self.create, delete=self.delete)
+        return self.active(*_created_phase(self.job, self.name, self.n), create=(rayjob,), refresh_configmap=True)
 
-    if current["metadata"].get("deletionTimestamp"):
-        # Someone deleted the current attempt's RayJob; make it again once it is gone.
-        _status(obs, job, plan, _phase(prev_phase), "RayJobDeleting", f"RayJob {name} is being deleted", n, None)
-        plan.requeue_after = min(2.0, settings.resync_seconds)
-        return plan
+    def after_failure(self, attempt: Attempt) -> Plan:
+        """Attempt n failed: Failed for good, a restart after its backoff, or a resume after a preemption."""
+        ft = self.job.spec.fault_tolerance
+        name, n = self.name, self.n
+        refused = spec_refused_by_runtime(self.status, n)
+        if refused is not None:
+            message = (
+                f"the runtime of attempt {n} (RayJob {name}) refused the spec: {refused}. Another attempt would be "
+                "refused too: fix the spec and create the RLJob again"
+            )
+            return self.finish(RLJobPhase.FAILED, INVALID_SPEC, message, attempt=attempt, permanent_error=message)
+        if attempt.permanent:
+            return self.finish(RLJobPhase.FAILED, attempt.reason, attempt.message, attempt=attempt)
+        if not ft.enabled:
+            message = f"{attempt.message} (faultTolerance.enabled is false: no restart)"
+            return self.finish(RLJobPhase.FAILED, attempt.reason, message, attempt=attempt)
+        record = preemption_of(self.status, n)
+        if record is not None:
+            return self.resume_after_preemption(record)
+        failures = n - self.preemptions  # restarts after failures so far; backoffLimit bounds these
+        if failures >= ft.backoff_limit:
+            message = f"{attempt.message}; faultTolerance.backoffLimit({ft.backoff_limit}) restarts used up"
+            return self.finish(RLJobPhase.FAILED, "BackoffLimitExceeded", message, attempt=attempt)
 
-    attempt = observe_rayjob(current, obs.pods)
-    if attempt.failed:
-        return _attempt_failed(obs, job, plan, settings, n, current, attempt, refresh_configmap, deadline_left)
-    if attempt.phase == RLJobPhase.SUCCEEDED:
-        return _finish_status(obs, job, plan, RLJobPhase.SUCCEEDED, attempt.reason, attempt.message, n, current, attempt)
+        now = self.obs.now
+        failed_at = _parse_time((self.current["metadata"].get("annotations") or {}).get(FAILED_AT_ANNOTATION))
+        stamp: tuple[tuple[str, dict[str, Any]], ...] = ()
+        if failed_at is None:
+            failed_at = now
+            stamp = ((name, {"metadata": {"annotations": {FAILED_AT_ANNOTATION: now_rfc3339(now)}}}),)
+        delay = backoff_seconds(failures, ft.backoff_seconds, self.settings.max_backoff_seconds)
+        restart_at = failed_at + timedelta(seconds=delay)
+        if now < restart_at:
+            # No countdown in the message: status must not change on every reconcile.
+            message = (
+                f"{attempt.message}; attempt {n + 1} (restart {failures + 1} of {ft.backoff_limit}) starts at "
+                f"{now_rfc3339(restart_at)} after a {delay:g}s backoff, from the latest checkpoint"
+            )
+            return self.active(RLJobPhase.RESTARTING, "BackoffWaiting", message, attempt=attempt, patch=stamp,
+                               requeue_after=max((restart_at - now).total_seconds(), 0.1))
 
-    if is_queued_by_kueue(current):
-        phase, reason, message = _leave_suspend_to_kueue(job, current, attempt, plan, refresh_configmap)
-    else:
-        phase, reason, message = _check_suspend_and_update_if_needed(job, current, attempt, plan, refresh_configmap)
-    _status(obs, job, plan, phase, reason, message, n, current, attempt)
-    plan.requeue_after = settings.resync_seconds
-    return plan
+        # Backoff over: the next attempt replaces the failed one.
+        new = self._rayjob(n + 1)
+        message = (f"{attempt.message}; started attempt {n + 1} as RayJob {new['metadata']['name']}, resuming from "
+                   "the latest checkpoint")
+        return self._next_attempt(new, "AttemptStarted", message, self.preemptions, patch=stamp)
 
+    def resume_after_preemption(self, record: dict[str, Any]) -> Plan:
+        """Attempt n stopped on SIGTERM with its checkpoint saved: attempt n+1 starts now, counted as
+        a preemption, not as a failure (no backoff, backoffLimit untouched)."""
+        count = self.preemptions + 1
+        new = self._rayjob(self.n + 1)
+        new["metadata"].setdefault("annotations", {})[PREEMPTIONS_ANNOTATION] = str(count)
+        rollout = record.get("rollout")
+        saved = f"the checkpoint of rollout {rollout}" if rollout is not None else "nothing (no rollout was trained yet)"
+        message = (
+            f"RayJob {self.name} was preempted: its driver stopped on SIGTERM after saving {saved}; started attempt "
+            f"{self.n + 1} as RayJob {new['metadata']['name']}, resuming from it (preemption {count}, not counted "
+            f"against faultTolerance.backoffLimit({self.job.spec.fault_tolerance.backoff_limit}))"
+        )
+        return self._next_attempt(new, PREEMPTED, message, count)
 
-def _plan_children(obs: Observed, ref: render.JobRef, configmap: dict[str, Any], plan: Plan) -> None:
-    """Create whichever of the ConfigMap, ServiceAccount, Role and RoleBinding is missing."""
-    if obs.configmap is None:
-        plan.create.append(configmap)
-    if not obs.service_account:
-        plan.create.append(render.render_service_account(ref))
-    if not obs.role:
-        plan.create.append(render.render_role(ref))
-    if not obs.role_binding:
-        plan.create.append(render.render_role_binding(ref))
+    def under_kueue(self, attempt: Attempt) -> Plan:
+        """A Kueue-managed RayJob, whose suspend flag the operator never writes.
+
+        spec.suspend deletes it: setting its flag would be undone by Kueue while the workload stays
+        admitted, and deleting also frees the quota. Suspended by Kueue (not yet admitted, or
+        preempted) is Queued; the spec file is kept current then, as the runtime reads it when Kueue
+        starts the job. Just admitted (KubeRay not caught up yet) is Starting.
+        """
+        name = self.name
+        queue = self.current["metadata"]["labels"][render.KUEUE_QUEUE_LABEL]
+        if self.job.spec.suspend:
+            message = f"deleting RayJob {name} and its place in LocalQueue {queue}; resuming queues it again"
+            return self.active(RLJobPhase.SUSPENDED, "Suspending", message, attempt=attempt, delete=(name,))
+        if (self.current.get("spec") or {}).get("suspend"):
+            message = f"RayJob {name} waits for Kueue to admit it from LocalQueue {queue}"
+            return self.active(RLJobPhase.QUEUED, "Queued", message, attempt=attempt, refresh_configmap=True)
+        if attempt.phase in (RLJobPhase.SUSPENDED, RLJobPhase.PENDING):
+            message = f"Kueue admitted RayJob {name}; the Ray cluster is coming up"
+            return self.active(RLJobPhase.STARTING, "Admitted", message, attempt=attempt)
+        return self.active(attempt.phase, attempt.reason, attempt.message, attempt=attempt)
+
+    def with_own_suspend(self, attempt: Attempt) -> Plan:
+        """A RayJob without Kueue: bring its suspend flag to spec.suspend."""
+        name = self.name
+        want = bool(self.job.spec.suspend)
+        patch: tuple[tuple[str, dict[str, Any]], ...] = ()
+        if bool((self.current.get("spec") or {}).get("suspend")) != want:
+            patch = ((name, {"spec": {"suspend": want}}),)
+        # A resumed attempt starts the runtime again: it reads the spec then.
+        resuming = bool(patch) and not want
+        if want and attempt.phase != RLJobPhase.SUSPENDED:
+            phase, reason, message = (RLJobPhase.SUSPENDED, "Suspending",
+                                      f"suspending RayJob {name}: its pods are being deleted")
+        elif not want and attempt.phase == RLJobPhase.SUSPENDED:
+            phase, reason, message = RLJobPhase.STARTING, "Resuming", f"resuming RayJob {name} from the latest checkpoint"
+        else:
+            phase, reason, message = attempt.phase, attempt.reason, attempt.message
+        return self.active(phase, reason, message, attempt=attempt, patch=patch, refresh_configmap=resuming)
+
+    # --- making the plan ---
+
+    def active(self, phase: RLJobPhase, reason: str, message: str, *, requeue_after: float | None = None,
+               **actions: Any) -> Plan:
+        """A job still going: looked at again after requeue_after seconds, the resync period by default."""
+        wait = self.settings.resync_seconds if requeue_after is None else requeue_after
+        return self._plan(phase, reason, message, requeue_after=wait, **actions)
+
+    def finish(self, phase: RLJobPhase, reason: str, message: str, **actions: Any) -> Plan:
+        """A job ending: looked at again when its ttlSecondsAfterFinished passes, to delete it (see _finished)."""
+        ttl = self.job.spec.ttl_seconds_after_finished
+        return self._plan(phase, reason, message, requeue_after=None if ttl is None else max(float(ttl), 0.1),
+                          **actions)
+
+    def _next_attempt(self, new: dict[str, Any], reason: str, message: str, preemptions: int,
+                      patch: tuple[tuple[str, dict[str, Any]], ...] = ()) -> Plan:
+        """RayJob `new` of attempt n+1 replaces attempt n's."""
+        return self.active(RLJobPhase.RESTARTING, reason, message, n=self.n + 1, preemptions=preemptions,
+                           create=(new,), delete=(self.name,), patch=patch, refresh_configmap=True)
+
+    def _rayjob(self, attempt: int) -> dict[str, Any]:
+        return render.render_rayjob(self.ref, self.job.spec, attempt=attempt, settings=self.settings,
+                                    active_deadline_seconds=self.deadline_left)
+
+    def _plan(
+        self,
+        phase: RLJobPhase,
+        reason: str,
+        message: str,
+        *,
+        requeue_after: float | None,
+        attempt: Attempt | None = None,
+        n: int | None = None,
+        preemptions: int | None = None,
+        create: tuple[dict[str, Any], ...] = (),
+        delete: tuple[str, ...] = (),
+        patch: tuple[tuple[str, dict[str, Any]], ...] = (),
+        refresh_configmap: bool = False,
+        events: tuple[Event, ...] = (),
+        permanent_error: str | None = None,
+    ) -> Plan:
+        """The plan: this branch's actions after the standing ones, the whole operator-owned status
+        for attempt n (the current one unless given), its events, then the branch's own events."""
+        status, status_events = self._status(phase, reason, message, attempt, self.n if n is None else n,
+                                             self.preemptions if preemptions is None else preemptions)
+        return Plan(
+            create=self.create + create,
+            update_configmap=self._configmap_update() if refresh_configmap else None,
+            patch_rayjobs=patch,
+            delete_rayjobs=self.delete + delete,
+            status=status,
+            events=status_events + events,
+            requeue_after=requeue_after,
+            permanent_error=permanent_error,
+        )
+
+    def _configmap_update(self) -> dict[str, Any] | None:
+        """The spec file brought up to date, when it exists and is not: the runtime reads it when an
+        attempt starts or resumes."""
+        existing = self.obs.configmap
+        if existing is None or self.configmap is None or existing.get("data") == self.configmap["data"]:
+            return None
+        return self.configmap
+
+    def _status(self, phase: RLJobPhase, reason: str, message: str, attempt: Attempt | None, n: int,
+                preemptions: int) -> tuple[dict[str, Any], tuple[Event, ...]]:
+        """The whole operator-owned status, and the events of its changes."""
+        status = self.status
+        generation = self.obs.rljob["metadata"].get("generation")
+        wanted = desired_conditions(phase, reason, message)
+        events: tuple[Event, ...] = ()
+        drop: tuple[str, ...] = ()
+        if self.held:
+            note = (
+                f"{', '.join(self.held)} cannot change while the job exists; the job keeps running with the values "
+                "it started with (delete and re-create the RLJob to change them)"
+            )
+            wanted.append(ConditionSpec(SPEC_CHANGE_IGNORED, "True", "ImmutableField", note))
+            old = next((c for c in status.get("conditions") or [] if c.get("type") == SPEC_CHANGE_IGNORED), {})
+            if old.get("status") != "True" or old.get("message") != note:
+                events = (Event("Warning", SPEC_CHANGE_IGNORED, note),)
+        else:
+            drop = (SPEC_CHANGE_IGNORED,)
+        conditions = merge_conditions(status.get("conditions") or [], wanted, now=self.obs.now, generation=generation,
+                                      drop=drop)
+        new = {
+            **_carry(status, generation=generation, num_rollout=self.job.spec.training.num_rollout),
+            "phase": phase.value,
+            "message": message,
+            "conditions": conditions,
+            "rayJobName": render.rayjob_name(self.ref.name, n),
+            "rayClusterName": attempt.ray_cluster_name if attempt else None,
+            "dashboardUrl": attempt.dashboard_url if attempt else None,
+            "restarts": {"job": n, "preemptions": preemptions},
+        }
+        return new, events + _transition_events(status, phase, message, reason)
 
 
 def _created_phase(job: RLJob, name: str, n: int) -> tuple[RLJobPhase, str, str]:
@@ -316,262 +526,41 @@ def is_queued_by_kueue(rayjob: dict[str, Any]) -> bool:
     return bool((rayjob.get("metadata", {}).get("labels") or {}).get(render.KUEUE_QUEUE_LABEL))
 
 
-def _leave_suspend_to_kueue(
-    job: RLJob, current: dict[str, Any], attempt: Attempt, plan: Plan, refresh_configmap: Any
-) -> tuple[RLJobPhase, str, str]:
-    """The phase of a Kueue-managed RayJob, whose suspend flag the operator never writes.
-
-    spec.suspend deletes it: setting its flag would be undone by Kueue while the workload stays
-    admitted, and deleting also frees the quota. Suspended by Kueue (not yet admitted, or
-    preempted) is Queued; the spec file is kept current then, as the runtime reads it when Kueue
-    starts the job. Just admitted (KubeRay not caught up yet) is Starting.
-    """
-    name = current["metadata"]["name"]
-    queue = current["metadata"]["labels"][render.KUEUE_QUEUE_LABEL]
-    if job.spec.suspend:
-        plan.delete_rayjobs.append(name)
-        return (RLJobPhase.SUSPENDED, "Suspending",
-                f"deleting RayJob {name} and its place in LocalQueue {queue}; resuming queues it again")
-    if (current.get("spec") or {}).get("suspend"):
-        refresh_configmap()
-        return RLJobPhase.QUEUED, "Queued", f"RayJob {name} waits for Kueue to admit it from LocalQueue {queue}"
-    if attempt.phase in (RLJobPhase.SUSPENDED, RLJobPhase.PENDING):
-        return RLJobPhase.STARTING, "Admitted", f"Kueue admitted RayJob {name}; the Ray cluster is coming up"
-    return attempt.phase, attempt.reason, attempt.message
-
-
-def _check_suspend_and_update_if_needed(
-    job: RLJob, current: dict[str, Any], attempt: Attempt, plan: Plan, refresh_configmap: Any
-) -> tuple[RLJobPhase, str, str]:
-    """Bring the RayJob's suspend flag to spec.suspend (a RayJob without Kueue); the phase, reason
-    and message to show."""
-    name = current["metadata"]["name"]
-    want = bool(job.spec.suspend)
-    if bool((current.get("spec") or {}).get("suspend")) != want:
-        if not want:
-            refresh_configmap()  # a resumed attempt starts the runtime again: it reads the spec then
-        plan.patch_rayjobs.append((name, {"spec": {"suspend": want}}))
-    if want and attempt.phase != RLJobPhase.SUSPENDED:
-        return RLJobPhase.SUSPENDED, "Suspending", f"suspending RayJob {name}: its pods are being deleted"
-    if not want and attempt.phase == RLJobPhase.SUSPENDED:
-        return RLJobPhase.STARTING, "Resuming", f"resuming RayJob {name} from the latest checkpoint"
-    return attempt.phase, attempt.reason, attempt.message
-
-
-def _attempt_failed(
-    obs: Observed,
-    job: RLJob,
-    plan: Plan,
-    settings: OperatorSettings,
-    n: int,
-    current: dict[str, Any],
-    attempt: Attempt,
-    refresh_configmap: Any,
-    deadline_left: float | None,
-) -> Plan:
-    ft = job.spec.fault_tolerance
-    name = current["metadata"]["name"]
-    refused = spec_refused_by_runtime(obs.rljob.get("status") or {}, n)
-    if refused is not None:
-        message = (
-            f"the runtime of attempt {n} (RayJob {name}) refused the spec: {refused}. Another attempt would be "
-            "refused too: fix the spec and create the RLJob again"
-        )
-        plan.permanent_error = message
-        return _finish_status(obs, job, plan, RLJobPhase.FAILED, INVALID_SPEC, message, n, current, attempt)
-    if attempt.permanent:
-        return _finish_status(obs, job, plan, RLJobPhase.FAILED, attempt.reason, attempt.message, n, current, attempt)
-    if not ft.enabled:
-        message = f"{attempt.message} (faultTolerance.enabled is false: no restart)"
-        return _finish_status(obs, job, plan, RLJobPhase.FAILED, attempt.reason, message, n, current, attempt)
-    status = obs.rljob.get("status") or {}
-    preemptions = preemptions_so_far(status, obs.rayjobs)
-    record = preemption_of(status, n)
-    if record is not None:
-        return _resume_after_preemption(obs, job, plan, settings, n, name, record, preemptions, refresh_configmap,
-                                        deadline_left)
-    failures = n - preemptions  # restarts after failures so far; backoffLimit bounds these
-    if failures >= ft.backoff_limit:
-        message = f"{attempt.message}; faultTolerance.backoffLimit({ft.backoff_limit}) restarts used up"
-        return _finish_status(obs, job, plan, RLJobPhase.FAILED, "BackoffLimitExceeded", message, n, current, attempt)
-
-    annotations = current["metadata"].get("annotations") or {}
-    failed_at = _parse_time(annotations.get(FAILED_AT_ANNOTATION))
-    if failed_at is None:
-        failed_at = obs.now
-        plan.patch_rayjobs.append(
-            (name, {"metadata": {"annotations": {FAILED_AT_ANNOTATION: now_rfc3339(obs.now)}}})
-        )
-    delay = backoff_seconds(failures, ft.backoff_seconds, settings.max_backoff_seconds)
-    restart_at = failed_at + timedelta(seconds=delay)
-    if obs.now < restart_at:
-        wait = (restart_at - obs.now).total_seconds()
-        # No countdown in the message: status must not change on every reconcile.
-        message = (
-            f"{attempt.message}; attempt {n + 1} (restart {failures + 1} of {ft.backoff_limit}) starts at "
-            f"{now_rfc3339(restart_at)} after a {delay:g}s backoff, from the latest checkpoint"
-        )
-        _status(obs, job, plan, RLJobPhase.RESTARTING, "BackoffWaiting", message, n, current, attempt)
-        plan.requeue_after = max(wait, 0.1)
-        return plan
-
-    # Backoff over: the next attempt replaces the failed one.
-    new = render.render_rayjob(
-        render.JobRef.from_body(obs.rljob), job.spec, attempt=n + 1, settings=settings,
-        active_deadline_seconds=deadline_left,
-    )
-    refresh_configmap()
-    plan.create.append(new)
-    plan.delete_rayjobs.append(name)
-    message = f"{attempt.message}; started attempt {n + 1} as RayJob {new['metadata']['name']}, resuming from the latest checkpoint"
-    _status(obs, job, plan, RLJobPhase.RESTARTING, "AttemptStarted", message, n + 1, None)
-    plan.status["rayJobName"] = new["metadata"]["name"]
-    plan.requeue_after = settings.resync_seconds
-    return plan
-
-
-def _resume_after_preemption(
-    obs: Observed,
-    job: RLJob,
-    plan: Plan,
-    settings: OperatorSettings,
-    n: int,
-    name: str,
-    record: dict[str, Any],
-    preemptions: int,
-    refresh_configmap: Any,
-    deadline_left: float | None,
-) -> Plan:
-    """Attempt n stopped on SIGTERM with its checkpoint saved: attempt n+1 starts now, counted as
-    a preemption, not as a failure (no backoff, backoffLimit untouched)."""
-    count = preemptions + 1
-    new = render.render_rayjob(
-        render.JobRef.from_body(obs.rljob), job.spec, attempt=n + 1, settings=settings,
-        active_deadline_seconds=deadline_left,
-    )
-    new["metadata"].setdefault("annotations", {})[PREEMPTIONS_ANNOTATION] = str(count)
-    refresh_configmap()
-    plan.create.append(new)
-    plan.delete_rayjobs.append(name)
-    rollout = record.get("rollout")
-    saved = f"the checkpoint of rollout {rollout}" if rollout is not None else "nothing (no rollout was trained yet)"
-    limit = job.spec.fault_tolerance.backoff_limit
-    message = (
-        f"RayJob {name} was preempted: its driver stopped on SIGTERM after saving {saved}; started attempt {n + 1} "
-        f"as RayJob {new['metadata']['name']}, resuming from it (preemption {count}, not counted against "
-        f"faultTolerance.backoffLimit({limit}))"
-    )
-    _status(obs, job, plan, RLJobPhase.RESTARTING, PREEMPTED, message, n + 1, None, preemptions=count)
-    plan.status["rayJobName"] = new["metadata"]["name"]
-    plan.requeue_after = settings.resync_seconds
-    return plan
-
-
-def _finished(obs: Observed, job: RLJob, plan: Plan) -> Plan:
+def _finished(obs: Observed, job: RLJob) -> Plan:
     """Succeeded or Failed already: keep the status, delete the RLJob once its TTL has passed."""
     status = obs.rljob.get("status") or {}
-    plan.status = _carry(status, generation=obs.rljob["metadata"].get("generation"), num_rollout=job.spec.training.num_rollout)
+    kept = _carry(status, generation=obs.rljob["metadata"].get("generation"), num_rollout=job.spec.training.num_rollout)
     ttl = job.spec.ttl_seconds_after_finished
     if ttl is None:
-        return plan
+        return Plan(status=kept)
     finished = _finished_at(status) or obs.now
     left = (finished + timedelta(seconds=ttl) - obs.now).total_seconds()
     if left <= 0:
-        plan.delete_rljob = True
-        plan.events.append(Event("Normal", "Deleting", f"ttlSecondsAfterFinished({ttl}) passed since the job finished"))
-    else:
-        plan.requeue_after = left
-    return plan
+        passed = Event("Normal", "Deleting", f"ttlSecondsAfterFinished({ttl}) passed since the job finished")
+        return Plan(status=kept, events=(passed,), delete_rljob=True)
+    return Plan(status=kept, requeue_after=left)
 
 
-def _finish_status(
-    obs: Observed,
-    job: RLJob,
-    plan: Plan,
-    phase: RLJobPhase,
-    reason: str,
-    message: str,
-    n: int,
-    current: dict[str, Any] | None,
-    attempt: Attempt | None = None,
-) -> Plan:
-    _status(obs, job, plan, phase, reason, message, n, current, attempt)
-    ttl = job.spec.ttl_seconds_after_finished
-    if ttl is not None:
-        plan.requeue_after = max(float(ttl), 0.1)
-    return plan
-
-
-def _fail_permanently(obs: Observed, plan: Plan, error: tuple[str, str]) -> Plan:
+def _fail_permanently(obs: Observed, error: tuple[str, str], *, create: tuple[dict[str, Any], ...] = (),
+                      delete: tuple[str, ...] = ()) -> Plan:
+    """Failed for the spec itself (InvalidSpec), after `create` and `delete` where the job had gone that far."""
     path, text = error
     message = f"{path}: {text}" if path else text
     status = obs.rljob.get("status") or {}
-    plan.permanent_error = message
     phase = RLJobPhase.FAILED
+    generation = obs.rljob["metadata"].get("generation")
     conditions = merge_conditions(
-        status.get("conditions") or [],
-        desired_conditions(phase, INVALID_SPEC, message),
-        now=obs.now,
-        generation=obs.rljob["metadata"].get("generation"),
+        status.get("conditions") or [], desired_conditions(phase, INVALID_SPEC, message), now=obs.now,
+        generation=generation,
     )
-    plan.status = {
-        **_carry(status, generation=obs.rljob["metadata"].get("generation"), num_rollout=None),
+    failed = {
+        **_carry(status, generation=generation, num_rollout=None),
         "phase": phase.value,
         "message": message,
         "conditions": conditions,
     }
-    _transition_event(status, plan, phase, message)
-    return plan
-
-
-def _status(
-    obs: Observed,
-    job: RLJob,
-    plan: Plan,
-    phase: RLJobPhase,
-    reason: str,
-    message: str,
-    n: int,
-    current: dict[str, Any] | None,
-    attempt: Attempt | None = None,
-    *,
-    preemptions: int | None = None,
-) -> None:
-    """Fill plan.status (the whole operator-owned status) and the phase-transition event."""
-    body = obs.rljob
-    status = body.get("status") or {}
-    generation = body["metadata"].get("generation")
-    live = body.get("spec") or {}
-    running = configmap_spec_or_none(obs.configmap)
-    held = immutable_changes(running, live) if running is not None else []
-    wanted = desired_conditions(phase, reason, message)
-    drop: tuple[str, ...] = ()
-    if held:
-        note = (
-            f"{', '.join(held)} cannot change while the job exists; the job keeps running with the values "
-            "it started with (delete and re-create the RLJob to change them)"
-        )
-        wanted.append(ConditionSpec(SPEC_CHANGE_IGNORED, "True", "ImmutableField", note))
-        old = next((c for c in status.get("conditions") or [] if c.get("type") == SPEC_CHANGE_IGNORED), {})
-        if old.get("status") != "True" or old.get("message") != note:
-            plan.events.append(Event("Warning", SPEC_CHANGE_IGNORED, note))
-    else:
-        drop = (SPEC_CHANGE_IGNORED,)
-    conditions = merge_conditions(status.get("conditions") or [], wanted, now=obs.now, generation=generation, drop=drop)
-    rj_name = current["metadata"]["name"] if current is not None else render.rayjob_name(body["metadata"]["name"], n)
-    cluster = attempt.ray_cluster_name if attempt else None
-    plan.status = {
-        **_carry(status, generation=generation, num_rollout=job.spec.training.num_rollout),
-        "phase": phase.value,
-        "message": message,
-        "conditions": conditions,
-        "rayJobName": rj_name,
-        "rayClusterName": cluster,
-        "dashboardUrl": attempt.dashboard_url if attempt else None,
-        "restarts": {"job": n, "preemptions": preemptions if preemptions is not None
-                     else preemptions_so_far(status, obs.rayjobs)},
-    }
-    _transition_event(status, plan, phase, message, reason)
+    return Plan(create=create, delete_rayjobs=delete, status=failed, events=_transition_events(status, phase, message),
+                permanent_error=message)
 
 
 def _carry(status: dict[str, Any], *, generation: int | None, num_rollout: int | None) -> dict[str, Any]:
@@ -588,15 +577,15 @@ def _carry(status: dict[str, Any], *, generation: int | None, num_rollout: int |
     return out
 
 
-def _transition_event(status: dict[str, Any], plan: Plan, phase: RLJobPhase, message: str, reason: str = "") -> None:
+def _transition_events(status: dict[str, Any], phase: RLJobPhase, message: str,
+                       reason: str = "") -> tuple[Event, ...]:
     if reason == PREEMPTED:
         # Each preemption is news (the phase may already be Restarting), and not a fault.
-        plan.events.append(Event("Normal", PREEMPTED, message))
-        return
+        return (Event("Normal", PREEMPTED, message),)
     if status.get("phase") == phase.value:
-        return
+        return ()
     warning = phase in (RLJobPhase.RESTARTING, RLJobPhase.FAILED)
-    plan.events.append(Event("Warning" if warning else "Normal", phase.value, message))
+    return (Event("Warning" if warning else "Normal", phase.value, message),)
 
 
 def _phase(value: str | None) -> RLJobPhase:

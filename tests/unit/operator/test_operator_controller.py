@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from datetime import timedelta
 
+import pytest
 from operator_testutil import NOW, default_settings, make_body
 from rlkube_operator import metrics, render
 from rlkube_operator.controller import Controller
@@ -18,6 +20,7 @@ class MemoryKube:
     def __init__(self, rljob):
         self.objects = {("RLJob", rljob["metadata"]["namespace"], rljob["metadata"]["name"]): rljob}
         self.calls = []
+        self.status_patches = []
 
     def _key(self, kind, ns, name):
         return (kind, ns, name)
@@ -27,6 +30,7 @@ class MemoryKube:
 
     def patch_rljob_status(self, ns, name, patch):
         self.calls.append(("patch-status", name))
+        self.status_patches.append(copy.deepcopy(patch))
         status = self.objects[("RLJob", ns, name)].setdefault("status", {})
         for k, v in patch.items():
             if v is None:
@@ -117,12 +121,25 @@ def test_reconciling_twice_creates_each_object_once():
     assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["phase"] == "Pending"
 
 
+def test_the_status_patch_returned_is_the_one_written_and_the_plan_is_left_as_decided():
+    controller, kube, _, _ = _controller(make_body())
+    first = _run(_reconcile(controller))
+    assert kube.status_patches == [first.status_patch]
+    assert first.status_patch["phase"] == "Pending" and first.status_patch["rayJobName"] == "tiny-0"
+    assert first.plan.status["phase"] == "Pending"
+    _run(_reconcile(controller))  # the RayJob is seen now: its conditions are written
+    third = _run(_reconcile(controller))
+    assert third.status_patch == {} and len(kube.status_patches) == 2  # nothing left to write
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        third.plan.requeue_after = 0
+
+
 def test_a_failure_then_the_backoff_then_the_next_attempt():
     controller, kube, events, clock = _controller(make_body({"faultTolerance": {"backoffSeconds": 10}}))
     _run(_reconcile(controller))
     kube.objects[("RayJob", "team-a", "tiny-0")]["status"] = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED"}
-    plan = _run(_reconcile(controller))
-    assert plan.requeue_after == 10
+    applied = _run(_reconcile(controller))
+    assert applied.plan.requeue_after == 10
     assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["phase"] == "Restarting"
     restarts_before = metrics.RESTARTS._value.get()
     clock.now = NOW + timedelta(seconds=11)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -68,10 +69,19 @@ def test_missing_children_are_recreated_without_touching_the_running_rayjob(sett
     assert not plan.delete_rayjobs and not plan.patch_rayjobs
 
 
+def test_a_plan_is_decided_once_and_cannot_be_changed_afterwards(settings):
+    plan = reconcile(observed(make_body()), settings)
+    assert isinstance(plan.create, tuple) and isinstance(plan.events, tuple)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.requeue_after = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.status_patch = {}  # the controller reports what it wrote apart from the plan
+
+
 def test_running_rayjob_makes_the_rljob_running_and_ready(settings):
     body = make_body(status={"phase": "Starting", "progress": {"rollout": 3, "numRollout": 10}})
     plan = reconcile(observed(body, [rayjob_with_status(body, 0, RUNNING)]), settings)
-    assert plan.create == []
+    assert plan.create == ()
     assert plan.status["phase"] == "Running"
     assert plan.status["rayClusterName"] == "tiny-0-x1y2z"
     assert plan.status["progressText"] == "3/10"
@@ -87,9 +97,9 @@ def test_reconciling_again_after_writing_the_status_changes_nothing(settings):
     second = reconcile(observed(body, [rj], now=NOW + timedelta(seconds=5)), settings)
     body = _apply_status(body, second)
     third = reconcile(observed(body, [rj], now=NOW + timedelta(seconds=10)), settings)
-    assert third.create == [] and third.delete_rayjobs == [] and third.patch_rayjobs == []
+    assert third.create == () and third.delete_rayjobs == () and third.patch_rayjobs == ()
     assert status_changes(body["status"], third.status) == {}
-    assert third.events == []
+    assert third.events == ()
 
 
 def test_a_failed_attempt_waits_its_backoff_stamping_the_failure_on_the_rayjob(settings):
@@ -97,8 +107,8 @@ def test_a_failed_attempt_waits_its_backoff_stamping_the_failure_on_the_rayjob(s
     rj = rayjob_with_status(body, 0, FAILED)
     plan = reconcile(observed(body, [rj]), settings)
     assert plan.status["phase"] == "Restarting"
-    assert plan.create == [] and plan.delete_rayjobs == []
-    assert plan.patch_rayjobs == [("tiny-0", {"metadata": {"annotations": {FAILED_AT_ANNOTATION: "2026-03-01T12:00:00Z"}}})]
+    assert plan.create == () and plan.delete_rayjobs == ()
+    assert plan.patch_rayjobs == (("tiny-0", {"metadata": {"annotations": {FAILED_AT_ANNOTATION: "2026-03-01T12:00:00Z"}}}),)
     assert plan.requeue_after == pytest.approx(10)
     assert "attempt 1 (restart 1 of 3) starts at 2026-03-01T12:00:10Z" in plan.status["message"]
     assert "trainer crashed" in plan.status["message"]
@@ -110,7 +120,7 @@ def test_the_backoff_survives_an_operator_restart(settings):
     stamped = (NOW - timedelta(seconds=4)).strftime("%Y-%m-%dT%H:%M:%SZ")
     rj = rayjob_with_status(body, 0, FAILED, annotations={FAILED_AT_ANNOTATION: stamped})
     plan = reconcile(observed(body, [rj]), settings)
-    assert plan.patch_rayjobs == []
+    assert plan.patch_rayjobs == ()
     assert plan.requeue_after == pytest.approx(6)
 
 
@@ -121,7 +131,7 @@ def test_after_the_backoff_the_next_attempt_replaces_the_failed_one(settings):
     plan = reconcile(observed(body, [rj]), settings)
     assert _kinds(plan) == [("RayJob", "tiny-2")]
     assert plan.create[0]["metadata"]["labels"][render.LABEL_ATTEMPT] == "2"
-    assert plan.delete_rayjobs == ["tiny-1"]
+    assert plan.delete_rayjobs == ("tiny-1",)
     assert plan.status["restarts"] == {"job": 2, "preemptions": 0}
     assert plan.status["rayJobName"] == "tiny-2"
 
@@ -131,8 +141,8 @@ def test_a_restart_whose_status_write_was_lost_is_not_done_twice(settings):
     old = rayjob_with_status(body, 0, FAILED)
     new = rayjob_with_status(body, 1, {"jobDeploymentStatus": "Initializing"})
     plan = reconcile(observed(body, [old, new]), settings)
-    assert plan.create == []
-    assert plan.delete_rayjobs == ["tiny-0"]
+    assert plan.create == ()
+    assert plan.delete_rayjobs == ("tiny-0",)
     assert plan.status["restarts"] == {"job": 1, "preemptions": 0}
     assert plan.status["phase"] == "Starting"
     assert current_attempt(body["status"], [old, new]) == 1
@@ -144,7 +154,7 @@ def test_restarts_stop_at_the_backoff_limit(settings):
     assert plan.status["phase"] == "Failed"
     assert _conditions(plan)["Failed"]["reason"] == "BackoffLimitExceeded"
     assert "backoffLimit(2) restarts used up" in plan.status["message"]
-    assert plan.create == [] and plan.delete_rayjobs == []
+    assert plan.create == () and plan.delete_rayjobs == ()
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "Failed")]
 
 
@@ -176,8 +186,8 @@ def test_a_preempted_attempt_resumes_at_once_without_counting_against_the_backof
     plan = reconcile(observed(body, [rayjob_with_status(body, 1, PREEMPTED_EXIT)]), settings)
     assert _kinds(plan) == [("RayJob", "tiny-2")]  # no backoff wait
     assert plan.create[0]["metadata"]["annotations"][PREEMPTIONS_ANNOTATION] == "1"
-    assert plan.delete_rayjobs == ["tiny-1"]
-    assert plan.patch_rayjobs == []  # no failure time stamped: there is no backoff to wait out
+    assert plan.delete_rayjobs == ("tiny-1",)
+    assert plan.patch_rayjobs == ()  # no failure time stamped: there is no backoff to wait out
     assert plan.status["phase"] == "Restarting"
     assert plan.status["restarts"] == {"job": 2, "preemptions": 1}
     assert plan.status["rayJobName"] == "tiny-2"
@@ -194,7 +204,7 @@ def test_after_a_preemption_the_failures_alone_count_against_the_backoff_limit(s
                              "lastPreemption": {"attempt": 1, "rollout": 3}})  # about an older attempt
     plan = reconcile(observed(body, [rayjob_with_status(body, 2, FAILED)]), settings)
     assert plan.status["phase"] == "Restarting"
-    assert plan.create == []
+    assert plan.create == ()
     assert plan.requeue_after == pytest.approx(10)  # 10 x 2^0: the backoff of the first failure
     assert "attempt 3 (restart 1 of 1)" in plan.status["message"]
     assert plan.status["restarts"] == {"job": 2, "preemptions": 2}
@@ -213,8 +223,8 @@ def test_a_preemption_restart_whose_status_write_was_lost_is_counted_once(settin
                              annotations={PREEMPTIONS_ANNOTATION: "1"})
     assert preemptions_so_far(body["status"], [old, new]) == 1
     plan = reconcile(observed(body, [old, new]), settings)
-    assert plan.create == []
-    assert plan.delete_rayjobs == ["tiny-0"]
+    assert plan.create == ()
+    assert plan.delete_rayjobs == ("tiny-0",)
     assert plan.status["restarts"] == {"job": 1, "preemptions": 1}
     assert plan.status["phase"] == "Starting"
 
@@ -224,15 +234,15 @@ def test_a_preempted_attempt_is_not_restarted_when_fault_tolerance_is_off(settin
                      status={"phase": "Running", "lastPreemption": {"attempt": 0, "rollout": 4}})
     plan = reconcile(observed(body, [rayjob_with_status(body, 0, PREEMPTED_EXIT)]), settings)
     assert plan.status["phase"] == "Failed"
-    assert plan.create == []
+    assert plan.create == ()
 
 
 def test_a_preemption_record_of_the_running_attempt_changes_nothing_until_it_ends(settings):
     body = make_body(status={"phase": "Running", "lastPreemption": {"attempt": 0, "rollout": 4}})
     plan = reconcile(observed(body, [rayjob_with_status(body, 0, RUNNING)]), settings)
-    assert plan.create == [] and plan.delete_rayjobs == []
+    assert plan.create == () and plan.delete_rayjobs == ()
     assert plan.status["phase"] == "Running"
-    assert plan.events == []
+    assert plan.events == ()
 
 
 @pytest.mark.parametrize(("restarts", "base", "cap", "expected"), [
@@ -247,7 +257,7 @@ def test_suspending_a_running_job_suspends_its_rayjob(settings):
     rj = rayjob_with_status(body, 0, RUNNING)
     rj["spec"]["suspend"] = False  # as it was created, before the user set spec.suspend
     plan = reconcile(observed(body, [rj]), settings)
-    assert plan.patch_rayjobs == [("tiny-0", {"spec": {"suspend": True}})]
+    assert plan.patch_rayjobs == (("tiny-0", {"spec": {"suspend": True}}),)
     assert plan.status["phase"] == "Suspended"
     assert _conditions(plan)["Suspended"]["status"] == "True"
     assert _conditions(plan)["Progressing"]["reason"] == "Suspending"
@@ -258,7 +268,7 @@ def test_a_suspended_rayjob_stays_quietly_suspended(settings):
     rj = rayjob_with_status(body, 0, {"jobDeploymentStatus": "Suspended"})
     rj["spec"]["suspend"] = True
     plan = reconcile(observed(body, [rj]), settings)
-    assert plan.patch_rayjobs == [] and plan.events == []
+    assert plan.patch_rayjobs == () and plan.events == ()
     assert plan.status["phase"] == "Suspended"
 
 
@@ -269,7 +279,7 @@ def test_resuming_unsuspends_the_rayjob_and_refreshes_the_spec_file(settings):
     rj["spec"]["suspend"] = True
     cm = render.render_configmap(render.JobRef.from_body(old_body), old_body["spec"])
     plan = reconcile(observed(body, [rj], configmap=cm), settings)
-    assert plan.patch_rayjobs == [("tiny-0", {"spec": {"suspend": False}})]
+    assert plan.patch_rayjobs == (("tiny-0", {"spec": {"suspend": False}}),)
     assert plan.status["phase"] == "Starting"
     assert plan.update_configmap is not None
     assert render.configmap_spec(plan.update_configmap)["training"]["numRollout"] == 20
@@ -316,17 +326,17 @@ def test_a_queued_job_gets_a_suspended_rayjob_labelled_for_kueue(settings):
 def test_a_rayjob_waiting_for_kueue_is_queued_and_left_suspended(settings, status):
     body = make_body(QUEUE, status={"phase": "Queued"})
     plan = reconcile(observed(body, [_queued_rayjob(body, status, suspend=True)]), settings)
-    assert plan.patch_rayjobs == [] and plan.delete_rayjobs == [] and plan.create == []
+    assert plan.patch_rayjobs == () and plan.delete_rayjobs == () and plan.create == ()
     assert plan.status["phase"] == "Queued"
     assert plan.status["message"] == "RayJob tiny-0 waits for Kueue to admit it from LocalQueue team-a-gpus"
-    assert plan.events == []
+    assert plan.events == ()
 
 
 @pytest.mark.parametrize("status", [KUEUE_SUSPENDED, {}], ids=["kuberay-not-caught-up", "kuberay-reset-to-new"])
 def test_admission_by_kueue_is_not_undone_and_the_job_starts(settings, status):
     body = make_body(QUEUE, status={"phase": "Queued"})
     plan = reconcile(observed(body, [_queued_rayjob(body, status, suspend=False)]), settings)
-    assert plan.patch_rayjobs == []  # the RLJob's suspend (false) is not pushed onto Kueue's flag
+    assert plan.patch_rayjobs == ()  # the RLJob's suspend (false) is not pushed onto Kueue's flag
     assert plan.status["phase"] == "Starting"
     assert _conditions(plan)["Progressing"]["reason"] == "Admitted"
 
@@ -334,14 +344,14 @@ def test_admission_by_kueue_is_not_undone_and_the_job_starts(settings, status):
 def test_an_admitted_rayjob_runs_and_its_phase_follows_kuberay(settings):
     body = make_body(QUEUE, status={"phase": "Starting"})
     plan = reconcile(observed(body, [_queued_rayjob(body, RUNNING, suspend=False)]), settings)
-    assert plan.patch_rayjobs == []
+    assert plan.patch_rayjobs == ()
     assert plan.status["phase"] == "Running"
 
 
 def test_preemption_by_kueue_queues_the_job_again_without_a_fight(settings):
     body = make_body(QUEUE, status={"phase": "Running"})
     plan = reconcile(observed(body, [_queued_rayjob(body, RUNNING, suspend=True)]), settings)
-    assert plan.patch_rayjobs == [] and plan.delete_rayjobs == []
+    assert plan.patch_rayjobs == () and plan.delete_rayjobs == ()
     assert plan.status["phase"] == "Queued"
 
 
@@ -357,8 +367,8 @@ def test_a_queued_job_keeps_its_spec_file_current_for_when_kueue_starts_it(setti
 def test_suspending_a_queued_job_deletes_its_rayjob_instead_of_touching_kueues_flag(settings, status, suspend):
     body = make_body({**QUEUE, "suspend": True}, status={"phase": "Running"})
     plan = reconcile(observed(body, [_queued_rayjob(body, status, suspend=suspend)]), settings)
-    assert plan.patch_rayjobs == []
-    assert plan.delete_rayjobs == ["tiny-0"]
+    assert plan.patch_rayjobs == ()
+    assert plan.delete_rayjobs == ("tiny-0",)
     assert plan.status["phase"] == "Suspended"
     assert _conditions(plan)["Suspended"]["status"] == "True"
 
@@ -366,7 +376,7 @@ def test_suspending_a_queued_job_deletes_its_rayjob_instead_of_touching_kueues_f
 def test_a_suspended_queued_job_has_no_rayjob_and_resuming_queues_a_new_one(settings):
     body = make_body({**QUEUE, "suspend": True}, status={"phase": "Suspended"})
     plan = reconcile(observed(body, []), settings)
-    assert plan.create == []
+    assert plan.create == ()
     assert plan.status["phase"] == "Suspended"
     assert plan.status["rayJobName"] == "tiny-0"
     resumed = make_body(QUEUE, status={"phase": "Suspended"})
@@ -391,8 +401,8 @@ def test_a_rayjob_made_before_queuename_was_set_keeps_the_operators_suspend(sett
     body = make_body({**QUEUE, "suspend": True}, status={"phase": "Running"})
     rj = rayjob_with_status(make_body(), 0, RUNNING)  # rendered without the queue: no Kueue label
     plan = reconcile(observed(body, [rj]), settings)
-    assert plan.patch_rayjobs == [("tiny-0", {"spec": {"suspend": True}})]
-    assert plan.delete_rayjobs == []
+    assert plan.patch_rayjobs == (("tiny-0", {"spec": {"suspend": True}}),)
+    assert plan.delete_rayjobs == ()
 
 
 def test_a_running_job_keeps_its_spec_file_when_mutable_fields_change(settings):
@@ -433,7 +443,7 @@ def test_an_ignored_change_keeps_the_running_values_in_the_next_attempt(settings
 def test_an_invalid_spec_fails_at_once_naming_the_field(settings):
     body = make_body({"rollout": {"batchSize": 4, "nSamplesPerPrompt": 2}, "training": {"globalBatchSize": 3}})
     plan = reconcile(observed(body, configmap=None, children=False), settings)
-    assert plan.create == []
+    assert plan.create == ()
     assert plan.status["phase"] == "Failed"
     assert _conditions(plan)["Failed"]["reason"] == "InvalidSpec"
     assert plan.permanent_error.startswith("spec.training.globalBatchSize: ")
@@ -454,11 +464,11 @@ def test_a_spec_the_runtime_refused_fails_the_job_instead_of_restarting(settings
         "too: fix the spec and create the RLJob again"
     )
     assert plan.permanent_error == plan.status["message"]
-    assert plan.create == [] and plan.delete_rayjobs == [] and plan.patch_rayjobs == []
+    assert plan.create == () and plan.delete_rayjobs == () and plan.patch_rayjobs == ()
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "Failed")]
     # Failed is final: the next reconcile starts nothing either.
     again = reconcile(observed(_apply_status(body, plan), [rayjob_with_status(body, 0, FAILED)]), settings)
-    assert again.create == [] and again.status["phase"] == "Failed" and again.events == []
+    assert again.create == () and again.status["phase"] == "Failed" and again.events == ()
 
 
 def test_a_refusal_is_acted_on_once_the_attempt_has_failed(settings):
@@ -483,14 +493,14 @@ def test_a_spec_that_cannot_become_pods_fails_naming_the_field(settings):
     plan = reconcile(observed(body, configmap=None, children=False), settings)
     assert plan.status["phase"] == "Failed"
     assert plan.permanent_error.startswith("spec.rollout.gpusPerEngine: ")
-    assert plan.create == []
+    assert plan.create == ()
 
 
 def test_a_too_long_name_fails_naming_metadata_name(settings):
     body = make_body(name="a" * 45)
     plan = reconcile(observed(body, configmap=None, children=False), settings)
     assert plan.permanent_error.startswith("metadata.name: ")
-    assert plan.create == []
+    assert plan.create == ()
 
 
 def test_the_deadline_covers_the_whole_job(settings):
@@ -501,7 +511,7 @@ def test_the_deadline_covers_the_whole_job(settings):
                      settings)
     assert late.status["phase"] == "Failed"
     assert _conditions(late)["Failed"]["reason"] == "DeadlineExceeded"
-    assert late.delete_rayjobs == ["tiny-0"]
+    assert late.delete_rayjobs == ("tiny-0",)
 
 
 def test_success_is_final_and_the_ttl_deletes_the_rljob(settings):
@@ -515,19 +525,19 @@ def test_success_is_final_and_the_ttl_deletes_the_rljob(settings):
     assert not reconcile(observed(body, now=NOW + timedelta(seconds=30)), settings).delete_rljob
     later = reconcile(observed(body, now=NOW + timedelta(seconds=61)), settings)
     assert later.delete_rljob
-    assert later.create == []
+    assert later.create == ()
 
 
 def test_finished_jobs_are_left_alone(settings):
     body = make_body(status={"phase": "Failed", "message": "x"})
     plan = reconcile(observed(body, configmap=None, children=False), settings)
-    assert plan.create == [] and plan.delete_rayjobs == [] and plan.requeue_after is None
+    assert plan.create == () and plan.delete_rayjobs == () and plan.requeue_after is None
 
 
 def test_names_taken_by_other_objects_are_reported_not_overwritten(settings):
     body = make_body()
     plan = reconcile(observed(body, configmap=None, conflicts=("ConfigMap tiny-spec",)), settings)
-    assert plan.create == []
+    assert plan.create == ()
     assert plan.status["phase"] == "Pending"
     assert "ConfigMap tiny-spec already exist(s) and is not owned by this RLJob" in plan.status["message"]
     assert ("Warning", "NameConflict") in [(e.type, e.reason) for e in plan.events]
@@ -537,6 +547,6 @@ def test_a_deleted_rayjob_of_the_current_attempt_is_recreated_once_gone(settings
     body = make_body(status={"phase": "Running"})
     rj = rayjob_with_status(body, 0, RUNNING, deletionTimestamp="2026-03-01T11:59:00Z")
     plan = reconcile(observed(body, [rj]), settings)
-    assert plan.create == [] and plan.delete_rayjobs == []
+    assert plan.create == () and plan.delete_rayjobs == ()
     again = reconcile(observed(body, []), settings)
     assert _kinds(again) == [("RayJob", "tiny-0")]
