@@ -75,8 +75,8 @@ def main() -> None:
 
 
 def _engine_tokens_per_s(model_dir, workdir, args, dtype, concurrency, prompts) -> float:
-    from rlkube_runtime.rollout.client import RolloutClient
-    from rlkube_runtime.rollout.launch import start_engine
+    from rlkube_runtime.serving.client import RolloutClient
+    from rlkube_runtime.serving.launch import start_engine
 
     engine_args = {"dtype": dtype, "max-running-requests": max(concurrency, 1)}
     if args.num_threads:

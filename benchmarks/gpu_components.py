@@ -275,7 +275,7 @@ def _train_flops(config, samples: int, length: int, response: int) -> float:
 def sync(args, device, model_dir, results) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from rlkube_runtime.rollout.launch import start_engine
+    from rlkube_runtime.serving.launch import start_engine
     from rlkube_runtime.weight_sync import WeightSender
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

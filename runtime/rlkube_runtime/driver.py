@@ -924,7 +924,7 @@ def _status_reporter():
 
 def _rendezvous_address() -> tuple[str, int]:
     """(this node's IP, a free port on it), run as a Ray task on trainer rank 0's node."""
-    from rlkube_runtime.rollout.launch import free_port, node_ip
+    from rlkube_runtime.serving.launch import free_port, node_ip
 
     address = node_ip()
     return address, free_port(address)

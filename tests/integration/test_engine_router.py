@@ -21,8 +21,8 @@ from engine_fixtures import (  # noqa: F401  (fixtures)
     tiny_checkpoint,
     wait_until,
 )
-from rlkube_runtime.rollout.client import EngineAdmin, EngineHTTPError, RolloutClient
-from rlkube_runtime.rollout.launch import ProcessStartError, RouterProcess, start_engine, start_engines
+from rlkube_runtime.serving.client import EngineAdmin, EngineHTTPError, RolloutClient
+from rlkube_runtime.serving.launch import ProcessStartError, RouterProcess, start_engine, start_engines
 
 pytestmark = pytest.mark.slow
 
@@ -157,7 +157,7 @@ def test_started_processes_die_with_their_parent(tmp_path):
     script = textwrap.dedent(
         f"""
         import pathlib, sys, time
-        from rlkube_runtime.rollout.launch import ManagedProcess
+        from rlkube_runtime.serving.launch import ManagedProcess
         child = ManagedProcess(["sleep", "600"], log_path=pathlib.Path({str(tmp_path / "sleep.log")!r}))
         print(child.pid, flush=True)
         time.sleep(600)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from local_runs import read_jsonl, start_run, write_local_tiny
 
-from rlkube_runtime.rollout.launch import free_port
+from rlkube_runtime.serving.launch import free_port
 
 pytestmark = [pytest.mark.slow]
 

@@ -50,7 +50,7 @@ CLASSES = _exception_classes()
 
 
 def test_the_walk_finds_the_errors_that_cross_ray():
-    assert {"rlkube_runtime.rollout.client.EngineHTTPError", "rlkube_runtime.engine.protocol.ProtocolError",
+    assert {"rlkube_runtime.serving.client.EngineHTTPError", "rlkube_runtime.engine.protocol.ProtocolError",
             "rlkube_runtime.spec.load.SpecError", "rlkube_runtime.actors.engine_pool.EngineRestartLimitExceeded"} <= set(CLASSES)
 
 

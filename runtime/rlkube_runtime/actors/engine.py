@@ -73,7 +73,7 @@ class EngineActor:
 
     def launch_options(self) -> dict[str, Any]:
         """The `start_engine` arguments of this engine's next start (no process is started)."""
-        from rlkube_runtime.rollout.launch import node_ip
+        from rlkube_runtime.serving.launch import node_ip
 
         engine_args: dict[str, Any] = {}
         if self.engine == "builtin" and self.device == "cpu":
@@ -98,7 +98,7 @@ class EngineActor:
         }
 
     def start(self) -> str:
-        from rlkube_runtime.rollout.launch import start_engine
+        from rlkube_runtime.serving.launch import start_engine
 
         self._process = start_engine(**self.launch_options())
         return self._process.url

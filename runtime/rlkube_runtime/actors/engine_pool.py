@@ -86,7 +86,7 @@ class EnginePool:
 
     async def start_router(self, engine_urls: list[str]) -> str:
         """The real sglang-router in front of the engines, and the health watch; returns its URL."""
-        from rlkube_runtime.rollout.launch import RouterProcess, node_ip
+        from rlkube_runtime.serving.launch import RouterProcess, node_ip
 
         self._urls = list(engine_urls)
         self._router = RouterProcess(
@@ -240,7 +240,7 @@ class EnginePool:
     def _admin(self, url: str):
         """The engine's control client: one per engine for the run, so one connection pool and
         not a new session and connection for every call."""
-        from rlkube_runtime.rollout.client import EngineAdmin
+        from rlkube_runtime.serving.client import EngineAdmin
 
         if url not in self._admins:
             self._admins[url] = EngineAdmin(url)
@@ -274,7 +274,7 @@ class EnginePool:
         return task.result()
 
     async def _watch_engines(self) -> None:
-        from rlkube_runtime.rollout.client import EngineAdmin
+        from rlkube_runtime.serving.client import EngineAdmin
 
         check = self.spec.fault_tolerance.health_check
         await asyncio.sleep(check.first_wait_seconds)
@@ -368,7 +368,7 @@ def _engine_unreachable(error: BaseException) -> bool:
     """Connection failures and 5xx answers after the client's retries: the engine is gone."""
     import aiohttp
 
-    from rlkube_runtime.rollout.client import EngineHTTPError
+    from rlkube_runtime.serving.client import EngineHTTPError
 
     if isinstance(error, EngineHTTPError):
         return error.status >= 500

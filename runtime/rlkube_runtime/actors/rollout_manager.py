@@ -55,7 +55,7 @@ class RolloutManager:
         from transformers import AutoTokenizer
 
         import rlkube_runtime.tiny.task  # noqa: F401  (registers the builtin: prompt sets)
-        from rlkube_runtime.rollout.client import RolloutClient
+        from rlkube_runtime.serving.client import RolloutClient
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=spec.model.trust_remote_code)
         self.source = PromptSource.from_spec(

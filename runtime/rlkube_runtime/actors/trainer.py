@@ -101,7 +101,7 @@ class TrainerWorker:
         handed its ranks' GPUs by id."""
         import ray
 
-        from rlkube_runtime.rollout.launch import node_ip
+        from rlkube_runtime.serving.launch import node_ip
 
         return node_ip(), [int(i) for i in ray.get_gpu_ids()]
 
@@ -176,7 +176,7 @@ class TrainerWorker:
 
     def _weight_sender(self):
         if self._sender is None:
-            from rlkube_runtime.rollout.launch import node_ip
+            from rlkube_runtime.serving.launch import node_ip
             from rlkube_runtime.topology import engine_dtype
             from rlkube_runtime.weight_sync import WeightSender
 

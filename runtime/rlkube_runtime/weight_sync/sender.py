@@ -314,7 +314,7 @@ def _piece_of(tensor: torch.Tensor, piece: Piece) -> torch.Tensor:
 
 
 def _admins(urls: Sequence[str]) -> dict[str, Any]:
-    from rlkube_runtime.rollout.client import EngineAdmin
+    from rlkube_runtime.serving.client import EngineAdmin
 
     # One attempt: a weight request that is retried could wait for a broadcast that never comes.
     return {url: EngineAdmin(url, max_attempts=1) for url in urls}

@@ -9,7 +9,7 @@ import importlib.metadata
 
 import pytest
 
-from rlkube_runtime.rollout.sglang_args import SGLANG_VERSION
+from rlkube_runtime.serving.sglang_args import SGLANG_VERSION
 
 INSTALL = f"pip install --no-deps sglang=={SGLANG_VERSION}"
 

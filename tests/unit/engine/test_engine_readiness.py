@@ -8,7 +8,7 @@ while a request, the health check's included, is still in its scheduler).
 import pathlib
 import sys
 
-from rlkube_runtime.rollout.launch import EngineLaunchSpec, EngineProcess, ManagedProcess, free_port
+from rlkube_runtime.serving.launch import EngineLaunchSpec, EngineProcess, ManagedProcess, free_port
 
 STUB = r"""
 import http.server, sys

@@ -7,8 +7,8 @@ from aiohttp.test_utils import TestServer
 
 from rlkube_runtime.engine.engine import Engine, EngineConfig
 from rlkube_runtime.engine.routes import build_app
-from rlkube_runtime.rollout.client import EngineAdmin, EngineHTTPError, RolloutClient
-from rlkube_runtime.rollout.launch import free_port
+from rlkube_runtime.serving.client import EngineAdmin, EngineHTTPError, RolloutClient
+from rlkube_runtime.serving.launch import free_port
 
 
 def _url(client) -> str:

@@ -3,8 +3,8 @@
 import pytest
 
 from rlkube_runtime.actors.engine import EngineActor, engine_actor_options
-from rlkube_runtime.rollout.launch import builtin_engine_command, engine_launch_spec
-from rlkube_runtime.rollout.sglang_args import (
+from rlkube_runtime.serving.launch import builtin_engine_command, engine_launch_spec
+from rlkube_runtime.serving.sglang_args import (
     COLOCATED_MEM_FRACTION_STATIC,
     EngineNode,
     SGLangServerConfig,

@@ -24,7 +24,7 @@ from example_launch_lines import (
 )
 from sglang_testutil import require_pinned_sglang
 
-from rlkube_runtime.rollout.sglang_args import COLOCATED_MEM_FRACTION_STATIC
+from rlkube_runtime.serving.sglang_args import COLOCATED_MEM_FRACTION_STATIC
 
 PARSER = pathlib.Path(__file__).with_name("sglang_parse.py")
 

@@ -8,7 +8,7 @@ import tomllib  # the test environment is Python 3.11+ (CI's is 3.11)
 from example_launch_lines import ROOT
 from packaging.requirements import Requirement
 
-from rlkube_runtime.rollout.sglang_args import SGLANG_ROUTER_VERSION, SGLANG_VERSION
+from rlkube_runtime.serving.sglang_args import SGLANG_ROUTER_VERSION, SGLANG_VERSION
 
 
 def _extras() -> dict[str, list[str]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlkube_runtime.rollout.launch import ProcessStartError
+from rlkube_runtime.serving.launch import ProcessStartError
 from rlkube_runtime.actors.engine_pool import EnginePool, EngineRestartLimitExceeded
 from rlkube_runtime.spec import RLJobSpec
 

@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlkube_runtime.rollout.sglang_args import (
+from rlkube_runtime.serving.sglang_args import (
     ArgValue,
     EngineNode,
     SGLangServerConfig,
