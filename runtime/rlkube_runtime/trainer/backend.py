@@ -19,6 +19,7 @@ written by every rank (`save_distributed`/`load_distributed`) instead of `state_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -38,6 +39,32 @@ class LogProbs:
 
     log_probs: list[torch.Tensor]
     entropy: list[torch.Tensor] | None = None
+
+    @classmethod
+    def in_batch_order(cls, results: dict[int, tuple[torch.Tensor, torch.Tensor | None]], size: int, *,
+                       with_entropy: bool) -> LogProbs:
+        """From {sample index: (log-probs, entropy)}, gathered from every rank's share."""
+        return cls(log_probs=[results[i][0] for i in range(size)],
+                   entropy=[results[i][1] for i in range(size)] if with_entropy else None)
+
+
+def pick_model(model: str, actor: torch.nn.Module, ref: torch.nn.Module | None) -> torch.nn.Module:
+    """The module `compute_log_probs(model=...)` runs, or an error naming what is missing."""
+    if model == "actor":
+        return actor
+    if model != "ref":
+        raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
+    if ref is None:
+        raise ValueError(
+            "compute_log_probs(model='ref') needs a reference model; it is loaded when algorithm.use_kl_loss is true"
+        )
+    return ref
+
+
+def step_metrics(loss_metrics: dict[str, float], *, grad_norm: float, lr: float) -> dict[str, float]:
+    """What `train_step` returns: the loss metrics, the gradient norm before clipping, the lr of
+    the step, and whether the step was skipped (a non-finite norm: no optimizer step was taken)."""
+    return {**loss_metrics, "grad_norm": grad_norm, "lr": lr, "skipped_step": float(not math.isfinite(grad_norm))}
 
 
 @runtime_checkable

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..algorithms.entropy import log_probs_and_entropy
 from ..algorithms.loss import policy_objective
-from .backend import LogProbs
+from .backend import LogProbs, pick_model, step_metrics
 from .batch import TrainBatch, loss_counts
 from .config import TrainerConfig
 from .lr_schedule import LRSchedule
@@ -115,17 +115,7 @@ class TorchBackend:
         self, batch: TrainBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
     ) -> LogProbs:
         self._check_resident("compute_log_probs")
-        if model == "actor":
-            module = self.model
-        elif model == "ref":
-            if self.ref_model is None:
-                raise ValueError(
-                    "compute_log_probs(model='ref') needs a reference model; it is loaded when "
-                    "algorithm.use_kl_loss is true"
-                )
-            module = self.ref_model
-        else:
-            raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
+        module = pick_model(model, self.model, self.ref_model)
         was_training = module.training
         module.eval()
         mine = partition_for_ranks(batch.total_lengths, self.world_size)[self.rank]
@@ -140,9 +130,7 @@ class TorchBackend:
             gathered: list[dict | None] = [None] * self.world_size
             dist.all_gather_object(gathered, results)
             results = {i: r for part in gathered for i, r in part.items()}
-        log_probs = [results[i][0] for i in range(len(batch))]
-        entropy = [results[i][1] for i in range(len(batch))] if with_entropy else None
-        return LogProbs(log_probs=log_probs, entropy=entropy)
+        return LogProbs.in_batch_order(results, len(batch), with_entropy=with_entropy)
 
     def train_step(
         self,
@@ -159,14 +147,13 @@ class TorchBackend:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=clip if clip > 0 else math.inf)
         )
         lr = self.schedule.apply()
-        skipped = not math.isfinite(grad_norm)
-        if skipped:
-            log.warning("gradient norm is %s; skipping this optimizer step", grad_norm)
-        else:
+        if math.isfinite(grad_norm):
             self.optimizer.step()
+        else:
+            log.warning("gradient norm is %s; skipping this optimizer step", grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.advance()
-        return {**metrics, "grad_norm": grad_norm, "lr": lr, "skipped_step": float(skipped)}
+        return step_metrics(metrics, grad_norm=grad_norm, lr=lr)
 
     def accumulate_gradients(
         self,

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from ...algorithms.entropy import log_probs_and_entropy
 from ...algorithms.loss import policy_objective
-from ..backend import LogProbs
+from ..backend import LogProbs, pick_model, step_metrics
 from ..batch import TrainBatch, loss_counts
 from ..config import TrainerConfig
 from ..lr_schedule import LRSchedule
@@ -144,17 +144,7 @@ class MegatronBackend:
         self, batch: TrainBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
     ) -> LogProbs:
         self._check_resident("compute_log_probs")
-        if model == "actor":
-            module = self.train_module
-        elif model == "ref":
-            if self.ref_model is None:
-                raise ValueError(
-                    "compute_log_probs(model='ref') needs a reference model; it is loaded when "
-                    "algorithm.use_kl_loss is true"
-                )
-            module = self.ref_module
-        else:
-            raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
+        module = pick_model(model, self.train_module, self.ref_module if self.ref_model is not None else None)
         mine = partition_for_ranks(batch.total_lengths, self.dp_size)[self.dp_rank]
         local = batch.select(mine)
         plan = self._plan(local)
@@ -168,10 +158,7 @@ class MegatronBackend:
         for out in outputs:
             for i, lp, ent in zip(out["index"], out["log_probs"], out["entropy"]):
                 results[i] = (lp, ent)
-        results = self._merge_from_last_stage(results)
-        log_probs = [results[i][0] for i in range(len(batch))]
-        entropy = [results[i][1] for i in range(len(batch))] if with_entropy else None
-        return LogProbs(log_probs=log_probs, entropy=entropy)
+        return LogProbs.in_batch_order(self._merge_from_last_stage(results), len(batch), with_entropy=with_entropy)
 
     def train_step(
         self,
@@ -197,9 +184,8 @@ class MegatronBackend:
             grad_norm = float(norm) if norm is not None else math.nan
             if not ok:
                 log.warning("megatron optimizer skipped this step")
-        skipped = not math.isfinite(grad_norm)
         self.schedule.advance()
-        return {**metrics, "grad_norm": grad_norm, "lr": lr, "skipped_step": float(skipped)}
+        return step_metrics(metrics, grad_norm=grad_norm, lr=lr)
 
     @in_cpu_mode
     def accumulate_gradients(
