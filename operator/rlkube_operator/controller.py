@@ -186,8 +186,8 @@ class Controller:
             if kube.create(obj):
                 metrics.OBJECTS_CREATED.labels(obj["kind"]).inc()
                 log.info("created %s %s/%s", obj["kind"], namespace, obj["metadata"]["name"])
-                if obj["kind"] == render.RAYJOB_KIND and (render.attempt_of(obj) or 0) > 0:
-                    metrics.RESTARTS.inc()
+                if obj["kind"] == render.RAYJOB_KIND and plan.restart is not None:
+                    metrics.RESTARTS.labels(plan.restart).inc()
         if plan.update_configmap is not None:
             kube.update_configmap_data(namespace, plan.update_configmap["metadata"]["name"], plan.update_configmap["data"])
         for rayjob, patch in plan.patch_rayjobs:

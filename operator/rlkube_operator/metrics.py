@@ -36,8 +36,11 @@ RECONCILE_SECONDS = Histogram(
 JOBS = Gauge("rlkube_operator_jobs", "RLJobs this operator watches, by phase.", ["phase"])
 RESTARTS = Counter(
     "rlkube_operator_job_restarts_total",
-    "Training attempts the operator started again from a checkpoint, after a failure or a preemption."
+    "Training attempts the operator started again from a checkpoint, by reason: after a failure or a preemption.",
+    ["reason"],
 )
+for _reason in ("failure", "preemption"):
+    RESTARTS.labels(_reason)
 OBJECTS_CREATED = Counter(
     "rlkube_operator_objects_created_total", "Objects the operator created for RLJobs, by kind.", ["kind"]
 )

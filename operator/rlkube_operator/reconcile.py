@@ -115,6 +115,9 @@ class Plan:
     delete_rljob: bool = False
     requeue_after: float | None = None
     permanent_error: str | None = None  # set when the spec itself is the problem
+    # Why the RayJob this plan creates starts another attempt: "failure" or "preemption" (None:
+    # the first attempt, or the current one made again). The restart counter's label.
+    restart: str | None = None
 
 
 def backoff_seconds(restarts: int, base: float, cap: float) -> float:
@@ -356,7 +359,7 @@ class _Decision:
         new = self._rayjob(n + 1)
         message = (f"{attempt.message}; started attempt {n + 1} as RayJob {new['metadata']['name']}, resuming from "
                    "the latest checkpoint")
-        return self._next_attempt(new, "AttemptStarted", message, self.preemptions, patch=stamp)
+        return self._next_attempt(new, "AttemptStarted", message, self.preemptions, restart="failure", patch=stamp)
 
     def resume_after_preemption(self, record: dict[str, Any]) -> Plan:
         """Attempt n stopped on SIGTERM with its checkpoint saved: attempt n+1 starts now, counted as
@@ -371,7 +374,7 @@ class _Decision:
             f"{self.n + 1} as RayJob {new['metadata']['name']}, resuming from it (preemption {count}, not counted "
             f"against faultTolerance.backoffLimit({self.job.spec.fault_tolerance.backoff_limit}))"
         )
-        return self._next_attempt(new, PREEMPTED, message, count)
+        return self._next_attempt(new, PREEMPTED, message, count, restart="preemption")
 
     def under_kueue(self, attempt: Attempt) -> Plan:
         """A Kueue-managed RayJob, whose suspend flag the operator never writes.
@@ -426,11 +429,11 @@ class _Decision:
         return self._plan(phase, reason, message, requeue_after=None if ttl is None else max(float(ttl), 0.1),
                           **actions)
 
-    def _next_attempt(self, new: dict[str, Any], reason: str, message: str, preemptions: int,
+    def _next_attempt(self, new: dict[str, Any], reason: str, message: str, preemptions: int, *, restart: str,
                       patch: tuple[tuple[str, dict[str, Any]], ...] = ()) -> Plan:
-        """RayJob `new` of attempt n+1 replaces attempt n's."""
+        """RayJob `new` of attempt n+1 replaces attempt n's, after its failure or preemption (`restart`)."""
         return self.active(RLJobPhase.RESTARTING, reason, message, n=self.n + 1, preemptions=preemptions,
-                           create=(new,), delete=(self.name,), patch=patch, refresh_configmap=True)
+                           create=(new,), delete=(self.name,), patch=patch, refresh_configmap=True, restart=restart)
 
     def _rayjob(self, attempt: int) -> dict[str, Any]:
         return render.render_rayjob(self.ref, self.job.spec, attempt=attempt, settings=self.settings,
@@ -452,6 +455,7 @@ class _Decision:
         refresh_configmap: bool = False,
         events: tuple[Event, ...] = (),
         permanent_error: str | None = None,
+        restart: str | None = None,
     ) -> Plan:
         """The plan: this branch's actions after the standing ones, the whole operator-owned status
         for attempt n (the current one unless given), its events, then the branch's own events."""
@@ -466,6 +470,7 @@ class _Decision:
             events=status_events + events,
             requeue_after=requeue_after,
             permanent_error=permanent_error,
+            restart=restart,
         )
 
     def _configmap_update(self) -> dict[str, Any] | None:

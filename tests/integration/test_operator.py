@@ -442,7 +442,7 @@ def test_suspend_deletes_the_pods_and_resume_brings_them_back(operator, ns, tmp_
 
 def test_a_failed_attempt_is_restarted_then_the_backoff_limit_fails_the_job(operator, ns, tmp_path):
     cp = operator.cp
-    restarts_before = operator.metric("rlkube_operator_job_restarts_total")
+    restarts_before = operator.metric("rlkube_operator_job_restarts_total", reason="failure")
     assert apply_file(cp, tmp_path / "crash.yaml", rljob_yaml("crash"), ns).returncode == 0
     cluster_running(cp, ns, "crash", 0, groups=1)
     wait_rayjob(cp, ns, "crash-0", lambda rj: deployment_status(rj) == "Running", "deployment Running")
@@ -459,7 +459,7 @@ def test_a_failed_attempt_is_restarted_then_the_backoff_limit_fails_the_job(oper
         restarting["message"])
     [row] = table(cp, ns)
     assert (row["RESTARTS"], row["REWARD"]) == ("1", "")
-    assert operator.metric("rlkube_operator_job_restarts_total") == restarts_before + 1
+    assert operator.metric("rlkube_operator_job_restarts_total", reason="failure") == restarts_before + 1
 
     # Attempt 1 is failed by KubeRay itself: its submitter finished, the Ray job never reached a
     # terminal state (no Ray here), and after KubeRay's 30 s grace period the RayJob is Failed.

@@ -334,3 +334,36 @@ def test_the_checkpoint_and_reward_alerts_fire_on_synthetic_series(tmp_path):
     proc = subprocess.run([promtool_bin(), "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_restart_alert_counts_failures_not_preemptions(tmp_path):
+    """promtool's rule unit tests: three restarts after preemptions in an hour (spot nodes being
+    reclaimed) leave RLJobRestartsIncreasing quiet; two after failures fire it."""
+    groups = rule_groups(render("prometheusRule.enabled=true"))
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    tests = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": 'rlkube_operator_job_restarts_total{reason="preemption"}', "values": "0 0 1x10 2x10 3x40"},
+                {"series": 'rlkube_operator_job_restarts_total{reason="failure"}', "values": "0x60"},
+            ],
+            "alert_rule_test": [{"eval_time": "40m", "alertname": "RLJobRestartsIncreasing", "exp_alerts": []}],
+        }, {
+            "interval": "1m",
+            "input_series": [
+                {"series": 'rlkube_operator_job_restarts_total{reason="preemption"}', "values": "0x60"},
+                {"series": 'rlkube_operator_job_restarts_total{reason="failure"}', "values": "0 0 1x10 2x40"},
+            ],
+            "alert_rule_test": [{"eval_time": "40m", "alertname": "RLJobRestartsIncreasing",
+                                 "exp_alerts": [{"exp_labels": {"severity": "warning", "reason": "failure"},
+                                                 "exp_annotations": {"summary": "RLJob attempts were restarted 2 "
+                                                                                "times in the last hour."}}]}],
+        }],
+    }
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    proc = subprocess.run([promtool_bin(), "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -141,14 +141,31 @@ def test_a_failure_then_the_backoff_then_the_next_attempt():
     applied = _run(_reconcile(controller))
     assert applied.plan.requeue_after == 10
     assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["phase"] == "Restarting"
-    restarts_before = metrics.RESTARTS._value.get()
+    restarts_before = metrics.RESTARTS.labels("failure")._value.get()
     clock.now = NOW + timedelta(seconds=11)
     _run(_reconcile(controller))
     assert ("RayJob", "team-a", "tiny-0") not in kube.objects
     assert kube.objects[("RayJob", "team-a", "tiny-1")]["metadata"]["labels"][render.LABEL_ATTEMPT] == "1"
     assert kube.objects[("RLJob", "team-a", "tiny")]["status"]["restarts"] == {"job": 1, "preemptions": 0}
-    assert metrics.RESTARTS._value.get() == restarts_before + 1
+    assert metrics.RESTARTS.labels("failure")._value.get() == restarts_before + 1
     assert events == [("Normal", "Pending"), ("Warning", "Restarting")]
+    # Someone deletes the running attempt's RayJob: it is made again, and that is no restart.
+    del kube.objects[("RayJob", "team-a", "tiny-1")]
+    _run(_reconcile(controller))
+    assert ("RayJob", "team-a", "tiny-1") in kube.objects
+    assert metrics.RESTARTS.labels("failure")._value.get() == restarts_before + 1
+
+
+def test_a_preemption_restart_is_counted_as_one_not_as_a_failure():
+    controller, kube, events, _ = _controller(make_body())
+    _run(_reconcile(controller))
+    kube.objects[("RayJob", "team-a", "tiny-0")]["status"] = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED"}
+    kube.objects[("RLJob", "team-a", "tiny")]["status"]["lastPreemption"] = {"attempt": 0, "rollout": 3}
+    failures, preemptions = (metrics.RESTARTS.labels(r)._value.get() for r in ("failure", "preemption"))
+    _run(_reconcile(controller))
+    assert ("RayJob", "team-a", "tiny-1") in kube.objects
+    assert metrics.RESTARTS.labels("preemption")._value.get() == preemptions + 1
+    assert metrics.RESTARTS.labels("failure")._value.get() == failures
 
 
 def test_objects_of_someone_else_are_not_taken_over():
