@@ -20,7 +20,9 @@ Preemptions. An attempt whose driver stopped on SIGTERM (preemption, a node drai
 every trained rollout exits 143, and the Ray job reads as failed; the runtime says so first in
 status.lastPreemption {attempt: n, rollout}. Such an attempt is resumed at once, without backoff
 and without counting against backoffLimit: restarts.preemptions counts them, and the failures
-that backoffLimit bounds are restarts.job - restarts.preemptions. Each RayJob carries the count
+that backoffLimit bounds are restarts.job - restarts.preemptions. When that status write failed (the
+API server unreachable at that moment), the driver's exit code 143 in the RayJob's message, which
+Ray's job server reports, says the same. Each RayJob carries the count
 of preemptions before it (PREEMPTIONS_ANNOTATION), so a lost status write is recovered from the
 RayJob as attempts are. The Progressing condition's reason is then Preempted, with a Normal
 Preempted event.
@@ -47,7 +49,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rlkube_runtime.spec import TERMINAL_PHASES, RLJob, RLJobPhase, format_progress
-from rlkube_runtime.spec.contract import fixed_fields
+from rlkube_runtime.spec.contract import PREEMPTED_EXIT_CODE, fixed_fields
 from rlkube_runtime.spec.load import SpecError, parse_rljob
 
 from . import render
@@ -331,6 +333,8 @@ class _Decision:
             message = f"{attempt.message} (faultTolerance.enabled is false: no restart)"
             return self.finish(RLJobPhase.FAILED, attempt.reason, message, attempt=attempt)
         record = preemption_of(self.status, n)
+        if record is None and attempt.exit_code == PREEMPTED_EXIT_CODE:
+            record = {"attempt": n}  # stopped on SIGTERM, but its status.lastPreemption write failed
         if record is not None:
             return self.resume_after_preemption(record)
         failures = n - self.preemptions  # restarts after failures so far; backoffLimit bounds these
@@ -368,7 +372,12 @@ class _Decision:
         new = self._rayjob(self.n + 1)
         new["metadata"].setdefault("annotations", {})[PREEMPTIONS_ANNOTATION] = str(count)
         rollout = record.get("rollout")
-        saved = f"the checkpoint of rollout {rollout}" if rollout is not None else "nothing (no rollout was trained yet)"
+        if "rollout" not in record:
+            saved = f"its latest checkpoint (exit code {PREEMPTED_EXIT_CODE}; status.lastPreemption was not written)"
+        elif rollout is None:
+            saved = "nothing (no rollout was trained yet)"
+        else:
+            saved = f"the checkpoint of rollout {rollout}"
         message = (
             f"RayJob {self.name} was preempted: its driver stopped on SIGTERM after saving {saved}; started attempt "
             f"{self.n + 1} as RayJob {new['metadata']['name']}, resuming from it (preemption {count}, not counted "

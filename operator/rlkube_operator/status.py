@@ -16,6 +16,8 @@ Conditions (one per type):
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -66,6 +68,11 @@ class Attempt:
     permanent: bool = False
     ray_cluster_name: str | None = None
     dashboard_url: str | None = None
+    exit_code: int | None = None  # the driver's, when Ray's job server reported it
+
+
+# Ray's job server on an entrypoint that failed: "Job entrypoint command failed with exit code 143, ..."
+_EXIT_CODE = re.compile(r"exit code (-?\d+)")
 
 
 def observe_rayjob(rayjob: dict[str, Any], pods: list[dict[str, Any]] = ()) -> Attempt:
@@ -102,9 +109,11 @@ def observe_rayjob(rayjob: dict[str, Any], pods: list[dict[str, Any]] = ()) -> A
     def failed(reason: str, what: str) -> Attempt:
         detail = "; ".join(x for x in (ray_reason, ray_message, pod_failures(pods)) if x)
         message = f"RayJob {name} {what}" + (f": {detail}" if detail else "")
+        code = _EXIT_CODE.search(ray_message)
         return Attempt(
             RLJobPhase.FAILED, reason, message, failed=True,
             permanent=ray_reason in PERMANENT_RAYJOB_REASONS or deployment == DEPLOYMENT_VALIDATION_FAILED,
+            exit_code=int(code.group(1)) if code else None,
             **common,
         )
 

@@ -25,15 +25,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlkube_runtime.spec import RLJob
+from rlkube_runtime.spec.contract import PREEMPTED_EXIT_CODE
 from rlkube_runtime.spec.load import SpecError, load_rljobs
 
 log = logging.getLogger("rlkube.driver")
-
-
-# `rlkube run`'s exit code after a SIGTERM (preemption, suspend, node drain) was honoured with a
-# checkpoint: 128 + SIGTERM, as a process the signal had ended; the next start resumes.
-PREEMPTED_EXIT_CODE = 143
-
 
 # A megatron trainer's checkpoint: its ranks' distributed checkpoint in this sub-directory.
 MEGATRON_FORMAT = "megatron_dist"

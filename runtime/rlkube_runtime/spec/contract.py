@@ -23,9 +23,13 @@ ROUTER_RESOURCE = "rlkube_router"
 # Environment the operator sets in every pod of an attempt.
 ENV_RLJOB_NAME = "RLKUBE_RLJOB_NAME"  # which RLJob the runtime reports status to
 ENV_RLJOB_NAMESPACE = "RLKUBE_RLJOB_NAMESPACE"
-ENV_ATTEMPT = "RLKUBE_ATTEMPT"  # which start of the RLJob this is (its RayJob is <name>-<attempt>)
 ENV_METRICS_PORT = "RLKUBE_METRICS_PORT"  # where the driver serves its Prometheus series
 ENV_ATTEMPT = "RLKUBE_ATTEMPT"  # the attempt number n of RayJob `<name>-n` (status.lastPreemption.attempt)
+
+# `rlkube run`'s exit status when it stopped on SIGTERM after saving every trained rollout (128 +
+# SIGTERM, as a shell reports a process SIGTERM ended). Ray's job server puts it in the RayJob's
+# message, so the operator still sees a preemption when status.lastPreemption could not be written.
+PREEMPTED_EXIT_CODE = 143
 
 # The head pod serves the training metrics on this port, named for the chart's PodMonitor.
 METRICS_PORT = 9464

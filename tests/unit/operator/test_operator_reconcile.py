@@ -197,6 +197,24 @@ def test_a_preempted_attempt_resumes_at_once_without_counting_against_the_backof
     assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Preempted")]
 
 
+def test_a_preemption_whose_status_write_failed_is_known_by_the_drivers_exit_code(settings):
+    # The runtime could not write status.lastPreemption (API server unreachable); Ray's job server
+    # still reported `rlkube run`'s exit code 143.
+    body = make_body({"faultTolerance": {"backoffSeconds": 60, "backoffLimit": 1}},
+                     status={"phase": "Running", "restarts": {"job": 1}})
+    exit_143 = PREEMPTED_EXIT | {"message": PREEMPTED_EXIT["message"] + ", last available logs: rlkube run: stopped"}
+    plan = reconcile(observed(body, [rayjob_with_status(body, 1, exit_143)]), settings)
+    assert _kinds(plan) == [("RayJob", "tiny-2")]  # at once, and not the failure that would end the job
+    assert plan.status["restarts"] == {"job": 2, "preemptions": 1}
+    assert _conditions(plan)["Progressing"]["reason"] == "Preempted"
+    assert "after saving its latest checkpoint (exit code 143; status.lastPreemption was not written)" in (
+        plan.status["message"])
+    # Any other exit code is a failure: backoffLimit 1 is used up, so the job fails.
+    exit_1 = PREEMPTED_EXIT | {"message": "Job entrypoint command failed with exit code 1"}
+    plan = reconcile(observed(body, [rayjob_with_status(body, 1, exit_1)]), settings)
+    assert _conditions(plan)["Failed"]["reason"] == "BackoffLimitExceeded"
+
+
 def test_after_a_preemption_the_failures_alone_count_against_the_backoff_limit(settings):
     # Attempts 0 and 1 were preempted, attempt 2 fails: that is the first failure of backoffLimit 1.
     body = make_body({"faultTolerance": {"backoffSeconds": 10, "backoffLimit": 1}},
