@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
+from pydantic.alias_generators import to_camel
 
-from .base import API_GROUP, KubeObject, SpecModel, immutable_field, section
+from .base import API_GROUP, KubeObject, SpecModel, cel_rules, cross_field_error, immutable_field, section
 
 _RESOURCES_DOC = (
     "Kubernetes ResourceRequirements of each pod (requests, limits); GPUs are added from the GPU count "
@@ -203,7 +204,7 @@ class RolloutResources(SpecModel):
         default=8,
         ge=0,
         description="GPUs for rollout engines in separate placement, split into engines of rollout.gpusPerEngine. "
-        "Ignored when colocated. Default 8, >= 0.",
+        "Leave unset when colocated. Default 8, >= 0.",
     )
     gpu_resource_name: ExtendedResourceName = gpu_resource_name_field()
     image: Optional[str] = Field(default=None, min_length=1, description="Container image. Default: trainer.image or the operator's runtime image.")
@@ -215,6 +216,43 @@ class RolloutResources(SpecModel):
     pod_annotations: PodAnnotations = pod_annotations_field(_GROUP_PODS.format(field="podAnnotations"))
 
 
+_COLOCATED_ROLLOUT = (
+    "resources.rollout.{field} is set, but resources.placement is colocated: the engines run in the trainer's pods "
+    "(resources.trainer) and nothing reads it; remove it, or set resources.placement: separate"
+)
+
+
+def colocated_rollout_violations(placement: str, rollout: RolloutResources) -> list[tuple[str, str]]:
+    """Colocated engines run in the trainer's pods, so every resources.rollout field would go
+    unused: one set to anything but its default is refused rather than ignored."""
+    if placement != "colocated":
+        return []
+    default = RolloutResources()
+    return [(f"rollout.{to_camel(name)}", _COLOCATED_ROLLOUT.format(field=to_camel(name)))
+            for name in RolloutResources.model_fields if getattr(rollout, name) != getattr(default, name)]
+
+
+def _colocated_rollout_rules() -> list[dict[str, str]]:
+    """The CEL side of colocated_rollout_violations: one rule per field, naming it. Fields with a
+    default (the CRD fills it in) must keep it; the others must be absent or empty."""
+    rules = []
+    for name, info in RolloutResources.model_fields.items():
+        field = f"self.rollout.{to_camel(name)}"
+        if info.default_factory is not None:
+            unset = f"!has({field}) || size({field}) == 0"
+        elif info.default is None:
+            unset = f"!has({field})"
+        else:
+            value = info.default if not isinstance(info.default, str) else f"'{info.default}'"
+            unset = f"{field} == {value}"
+        rules.append({
+            "rule": f"self.placement != 'colocated' || !has(self.rollout) || {unset}",
+            "message": _COLOCATED_ROLLOUT.format(field=to_camel(name)),
+            "fieldPath": f".rollout.{to_camel(name)}",
+        })
+    return rules
+
+
 class LocalObjectReference(SpecModel):
     """A Secret in the job's namespace, by name (Kubernetes LocalObjectReference)."""
 
@@ -223,6 +261,8 @@ class LocalObjectReference(SpecModel):
 
 class ResourcesSpec(SpecModel):
     """Placement and pods of the trainer and the rollout engines, plus what every pod mounts."""
+
+    model_config = cel_rules(*_colocated_rollout_rules())
 
     placement: Literal["separate", "colocated"] = Field(
         default="separate",
@@ -263,3 +303,10 @@ class ResourcesSpec(SpecModel):
     )
     pod_labels: PodLabels = pod_labels_field(_ALL_PODS)
     pod_annotations: PodAnnotations = pod_annotations_field(_ALL_PODS)
+
+    @model_validator(mode="after")
+    def _check_colocated_rollout(self) -> "ResourcesSpec":
+        violations = colocated_rollout_violations(self.placement, self.rollout)
+        if violations:
+            raise cross_field_error(violations)
+        return self

@@ -221,6 +221,8 @@ def test_crd_patterns_and_python_accept_the_same_names(good_doc, path, value, ac
         node = node["properties"][part]
     assert bool(re.search(node["pattern"], value)) is accepted
     *parents, leaf = path.split(".")
+    if path.startswith("resources.rollout."):
+        good_doc["spec"]["resources"]["placement"] = "separate"  # engines' own pods: the fields are read
     target = good_doc["spec"]
     for part in parents:
         target = target.setdefault(part, {})
@@ -322,6 +324,15 @@ CROSS_FIELD_CASES = [
      "spec.eval.datasets", False),
     ({"resources": {"placement": "separate", "rollout": {"gpus": 6}}, "rollout": {"batchSize": 16, "gpusPerEngine": 4}},
      "spec.resources.rollout.gpus", True),
+    # separate-placement pod settings that colocated engines (in the trainer's pods) would not read
+    ({"resources": {"placement": "colocated", "rollout": {"gpus": 4}}}, "spec.resources.rollout.gpus", True),
+    ({"resources": {"placement": "colocated", "rollout": {"gpuResourceName": "amd.com/gpu"}}},
+     "spec.resources.rollout.gpuResourceName", True),
+    ({"resources": {"placement": "colocated", "rollout": {"image": "r:1"}}}, "spec.resources.rollout.image", True),
+    ({"resources": {"placement": "colocated", "rollout": {"nodeSelector": {"pool": "a"}}}},
+     "spec.resources.rollout.nodeSelector", True),
+    ({"resources": {"placement": "colocated", "rollout": {"tolerations": [{"key": "gpu"}]}}},
+     "spec.resources.rollout.tolerations", True),
     # what a trainer backend cannot honour (backend_rules.py)
     ({"parallelism": {"tensor": 2}}, "spec.parallelism.tensor", True),
     ({"parallelism": {"pipeline": 2}}, "spec.parallelism.pipeline", True),
@@ -350,6 +361,9 @@ ACCEPTED_CASES = [
     {**MEGATRON, "parallelism": {"tensor": 4}, "resources": {"placement": "colocated", "trainer": {"nodes": 3, "gpusPerNode": 4}}},
     {**MEGATRON, "resources": {"placement": "colocated", "trainer": {"gpusPerNode": 0}}},
     {**MEGATRON, "model": {"preset": "tiny", "megatronArgs": {"num-layers": 2}}},
+    # colocated with resources.rollout at its defaults, written out or left empty
+    {"resources": {"placement": "colocated", "rollout": {"gpus": 8, "gpuResourceName": "nvidia.com/gpu",
+                                                         "nodeSelector": {}, "tolerations": []}}},
 ]
 
 
