@@ -241,8 +241,11 @@ def test_fields_a_running_job_depends_on_cannot_change_but_others_can(crd_instal
         ("odd-gpus", {"rollout": {"gpusPerEngine": 2},
                       "resources": {"placement": "separate", "trainer": {"nodes": 1, "gpusPerNode": 2},
                                     "rollout": {"gpus": 3}}}, "spec.rollout.gpusPerEngine"),
+        # Colocated engines run in the trainer's pods: a rollout pod setting would be read by nothing.
+        ("coloc-rollout", {"resources": {"rollout": {"nodeSelector": {"pool": "rollout"}}}},
+         "spec.resources.rollout.nodeSelector"),
     ],
-    ids=["name-too-long", "gpus-not-whole-engines"],
+    ids=["name-too-long", "gpus-not-whole-engines", "rollout-pods-when-colocated"],
 )
 def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_path, name, spec, field):
     proc = apply_file(operator.cp, tmp_path / "bad.yaml", rljob_yaml(name, **spec), ns)
@@ -295,9 +298,12 @@ def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_p
          "spec.resources.podLabels"),
         # megatronArgs' values are untyped, which hides the map from CEL; the spec model refuses it.
         ("torch-megatron-args", {"model": {"megatronArgs": {"num-layers": 2}}}, "spec.model.megatronArgs"),
+        # So is a free-form affinity: a colocated job's rollout pods would never exist to take it.
+        ("coloc-affinity", {"resources": {"rollout": {"affinity": {"nodeAffinity": {}}}}},
+         "spec.resources.rollout.affinity"),
     ],
     ids=["gpu-resource-set-by-hand", "reserved-volume-name", "shm-mounted-twice", "reserved-pod-label",
-         "megatron-args-with-torch"],
+         "megatron-args-with-torch", "rollout-affinity-when-colocated"],
 )
 def test_a_spec_that_cannot_become_pods_fails_at_once_naming_the_field(operator, ns, tmp_path, name, spec, field):
     """The API server takes it; the operator fails it before anything is created (phase Failed,

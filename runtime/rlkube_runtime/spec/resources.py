@@ -233,12 +233,15 @@ def colocated_rollout_violations(placement: str, rollout: RolloutResources) -> l
 
 
 def _colocated_rollout_rules() -> list[dict[str, str]]:
-    """The CEL side of colocated_rollout_violations: one rule per field, naming it. Fields with a
-    default (the CRD fills it in) must keep it; the others must be absent or empty."""
+    """The CEL side of colocated_rollout_violations: one rule per field, naming it. The free-form
+    Kubernetes objects (resources, affinity) have no CEL rule: CEL cannot look inside them, so
+    the spec model alone refuses those (the operator fails such a job at once, naming the field)."""
     rules = []
     for name, info in RolloutResources.model_fields.items():
         field = f"self.rollout.{to_camel(name)}"
         if info.default_factory is not None:
+            if info.annotation == KubeObject:
+                continue
             unset = f"!has({field}) || size({field}) == 0"
         elif info.default is None:
             unset = f"!has({field})"

@@ -361,9 +361,9 @@ ACCEPTED_CASES = [
     {**MEGATRON, "parallelism": {"tensor": 4}, "resources": {"placement": "colocated", "trainer": {"nodes": 3, "gpusPerNode": 4}}},
     {**MEGATRON, "resources": {"placement": "colocated", "trainer": {"gpusPerNode": 0}}},
     {**MEGATRON, "model": {"preset": "tiny", "megatronArgs": {"num-layers": 2}}},
-    # colocated with resources.rollout at its defaults, written out or left empty
+    # colocated with resources.rollout's defaults written out (as a dumped manifest has them)
     {"resources": {"placement": "colocated", "rollout": {"gpus": 8, "gpuResourceName": "nvidia.com/gpu",
-                                                         "nodeSelector": {}, "tolerations": []}}},
+                                                         "nodeSelector": {}, "tolerations": [], "affinity": {}}}},
 ]
 
 
@@ -406,6 +406,18 @@ def test_cel_and_python_accept_the_same_spec(good_doc, changes):
     good_doc["spec"].update(changes)
     parse_rljob(good_doc)
     assert _spec_cel_failures(good_doc) == []
+
+
+def test_rollout_pod_objects_of_a_colocated_job_are_refused_by_the_spec_model_alone(good_doc):
+    """CEL cannot look inside free-form Kubernetes objects, so resources.rollout.resources and
+    .affinity of a colocated job pass the CRD; the spec model refuses them, and with it the
+    operator, which fails such a job at once naming the field."""
+    good_doc["spec"]["resources"]["rollout"] = {"resources": {"limits": {"memory": "8Gi"}},
+                                                "affinity": {"nodeAffinity": {}}}
+    assert _spec_cel_failures(good_doc) == []
+    with pytest.raises(SpecError) as info:
+        parse_rljob(good_doc)
+    assert [p for p, _ in info.value.errors] == ["spec.resources.rollout.resources", "spec.resources.rollout.affinity"]
 
 
 def test_cel_accepts_every_valid_spec(good_doc):
