@@ -299,71 +299,64 @@ def test_alert_rules_use_only_exported_series_and_pass_promtool(tmp_path):
     assert f"SUCCESS: {len(alerts)} rules found" in proc.stdout, proc.stdout
 
 
+def run_promtool_rule_tests(tmp_path: Path, groups: list[dict], cases: list[dict]) -> None:
+    """promtool's rule unit tests (`promtool test rules`) of the rendered alert `groups`: each case
+    is one test block (interval, input_series, alert_rule_test), evaluated every minute."""
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": cases}
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    proc = subprocess.run([promtool_bin(), "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_the_checkpoint_and_reward_alerts_fire_on_synthetic_series(tmp_path):
     """promtool's rule unit tests: a checkpoint 40 minutes old fires RLJobCheckpointStale (30 min
     limit); a reward stuck at 0.5 while rollouts advance fires RLJobRewardFlat, a moving one does not."""
     groups = rule_groups(render("prometheusRule.enabled=true", "prometheusRule.checkpointMaxAgeMinutes=30",
                                 "prometheusRule.rewardFlatWindow=10m"))
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    tests = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [
-                # Checkpoint written at t=0 (unix 0), never again.
-                {"series": 'rlkube_last_checkpoint_timestamp_seconds{rljob="a"}', "values": "0x60"},
-                {"series": 'rlkube_rollout_id{rljob="flat"}', "values": "0+1x60"},
-                {"series": 'rlkube_reward_mean{rljob="flat"}', "values": "0.5x60"},
-                {"series": 'rlkube_rollout_id{rljob="learning"}', "values": "0+1x60"},
-                {"series": 'rlkube_reward_mean{rljob="learning"}', "values": "0+0.01x60"},
-            ],
-            "alert_rule_test": [
-                {"eval_time": "20m", "alertname": "RLJobCheckpointStale", "exp_alerts": []},
-                {"eval_time": "40m", "alertname": "RLJobCheckpointStale",
-                 "exp_alerts": [{"exp_labels": {"severity": "warning", "rljob": "a"},
-                                 "exp_annotations": {"summary": "RLJob a has no checkpoint newer than 30 minutes."}}]},
-                {"eval_time": "30m", "alertname": "RLJobRewardFlat",
-                 "exp_alerts": [{"exp_labels": {"severity": "warning", "rljob": "flat"},
-                                 "exp_annotations": {"summary": "RLJob flat: mean reward unchanged for 10m while "
-                                                                "rollouts finished."}}]},
-            ],
-        }],
-    }
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
-    proc = subprocess.run([promtool_bin(), "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_promtool_rule_tests(tmp_path, groups, [{
+        "interval": "1m",
+        "input_series": [
+            # Checkpoint written at t=0 (unix 0), never again.
+            {"series": 'rlkube_last_checkpoint_timestamp_seconds{rljob="a"}', "values": "0x60"},
+            {"series": 'rlkube_rollout_id{rljob="flat"}', "values": "0+1x60"},
+            {"series": 'rlkube_reward_mean{rljob="flat"}', "values": "0.5x60"},
+            {"series": 'rlkube_rollout_id{rljob="learning"}', "values": "0+1x60"},
+            {"series": 'rlkube_reward_mean{rljob="learning"}', "values": "0+0.01x60"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "20m", "alertname": "RLJobCheckpointStale", "exp_alerts": []},
+            {"eval_time": "40m", "alertname": "RLJobCheckpointStale",
+             "exp_alerts": [{"exp_labels": {"severity": "warning", "rljob": "a"},
+                             "exp_annotations": {"summary": "RLJob a has no checkpoint newer than 30 minutes."}}]},
+            {"eval_time": "30m", "alertname": "RLJobRewardFlat",
+             "exp_alerts": [{"exp_labels": {"severity": "warning", "rljob": "flat"},
+                             "exp_annotations": {"summary": "RLJob flat: mean reward unchanged for 10m while "
+                                                            "rollouts finished."}}]},
+        ],
+    }])
 
 
 def test_restart_alert_counts_failures_not_preemptions(tmp_path):
     """promtool's rule unit tests: three restarts after preemptions in an hour (spot nodes being
     reclaimed) leave RLJobRestartsIncreasing quiet; two after failures fire it."""
     groups = rule_groups(render("prometheusRule.enabled=true"))
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    tests = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [
-                {"series": 'rlkube_operator_job_restarts_total{reason="preemption"}', "values": "0 0 1x10 2x10 3x40"},
-                {"series": 'rlkube_operator_job_restarts_total{reason="failure"}', "values": "0x60"},
-            ],
-            "alert_rule_test": [{"eval_time": "40m", "alertname": "RLJobRestartsIncreasing", "exp_alerts": []}],
-        }, {
-            "interval": "1m",
-            "input_series": [
-                {"series": 'rlkube_operator_job_restarts_total{reason="preemption"}', "values": "0x60"},
-                {"series": 'rlkube_operator_job_restarts_total{reason="failure"}', "values": "0 0 1x10 2x40"},
-            ],
-            "alert_rule_test": [{"eval_time": "40m", "alertname": "RLJobRestartsIncreasing",
-                                 "exp_alerts": [{"exp_labels": {"severity": "warning", "reason": "failure"},
-                                                 "exp_annotations": {"summary": "RLJob attempts were restarted 2 "
-                                                                                "times in the last hour."}}]}],
-        }],
-    }
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
-    proc = subprocess.run([promtool_bin(), "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_promtool_rule_tests(tmp_path, groups, [{
+        "interval": "1m",
+        "input_series": [
+            {"series": 'rlkube_operator_job_restarts_total{reason="preemption"}', "values": "0 0 1x10 2x10 3x40"},
+            {"series": 'rlkube_operator_job_restarts_total{reason="failure"}', "values": "0x60"},
+        ],
+        "alert_rule_test": [{"eval_time": "40m", "alertname": "RLJobRestartsIncreasing", "exp_alerts": []}],
+    }, {
+        "interval": "1m",
+        "input_series": [
+            {"series": 'rlkube_operator_job_restarts_total{reason="preemption"}', "values": "0x60"},
+            {"series": 'rlkube_operator_job_restarts_total{reason="failure"}', "values": "0 0 1x10 2x40"},
+        ],
+        "alert_rule_test": [{"eval_time": "40m", "alertname": "RLJobRestartsIncreasing",
+                             "exp_alerts": [{"exp_labels": {"severity": "warning", "reason": "failure"},
+                                             "exp_annotations": {"summary": "RLJob attempts were restarted 2 "
+                                                                            "times in the last hour."}}]}],
+    }])
