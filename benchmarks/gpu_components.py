@@ -202,18 +202,8 @@ def trainer(args, device, model_dir, results) -> dict:
     backend = TorchBackend(config, device=device)
     n, p, r = args.train_samples, args.prompt_len, args.new_tokens
     batch = grpo_batch(backend.model.config.vocab_size, n, p, r)
+    out, _ = time_train_passes(backend, batch, _train_flops(backend.model.config, n, p + r, r), device)
     timed = partial(median_time, device=device)
-
-    fwd_s, old = timed(lambda: backend.compute_log_probs(batch).log_probs)
-    batch = batch.with_fields(old_log_probs=old)
-    fwd_bwd_s, _ = timed(lambda: backend.accumulate_gradients(batch))
-    optimizer_s, _ = timed(backend.optimizer.step)  # on the gradients just accumulated
-    step_s, _ = timed(lambda: backend.train_step(batch))
-    flops = _train_flops(backend.model.config, n, p + r, r)
-    out = {"samples": n, "tokens": n * (p + r), "forward_s": fwd_s, "forward_backward_s": fwd_bwd_s,
-           "train_step_s": step_s, "optimizer_s": optimizer_s,
-           "model_tflop_per_fwd_bwd": flops / 1e12, "tflops": flops / fwd_bwd_s / 1e12,
-           "tokens_per_s": n * (p + r) / fwd_bwd_s}
     ceiling = results.get("ceilings", {}).get("matmul_tflops")
     if ceiling:
         out["share_of_matmul_ceiling"] = out["tflops"] / ceiling
@@ -227,6 +217,24 @@ def trainer(args, device, model_dir, results) -> dict:
             out[f"{label}_s"], out[f"onload_after_{label}_s"] = release_s, resume_s
     del backend
     return out
+
+
+def time_train_passes(backend, batch, flops: float, device: str) -> tuple[dict, dict[str, float]]:
+    """The trainer measurement of every trainer benchmark: median seconds of the forward pass
+    (old log-probs), forward+backward without a step, the optimizer step on those gradients and a
+    whole train_step; model TFLOP/s and tokens/s of forward+backward (`flops` of it). Returns
+    the figures and forward+backward's own metrics."""
+    timed = partial(median_time, device=device)
+    fwd_s, old = timed(lambda: backend.compute_log_probs(batch).log_probs)
+    batch = batch.with_fields(old_log_probs=old)
+    fwd_bwd_s, metrics = timed(lambda: backend.accumulate_gradients(batch))
+    optimizer_s, _ = timed(backend.optimizer.step)  # on the gradients just accumulated
+    step_s, _ = timed(lambda: backend.train_step(batch))
+    tokens = int(sum(batch.total_lengths))
+    return {"samples": len(batch), "tokens": tokens, "forward_s": fwd_s, "forward_backward_s": fwd_bwd_s,
+            "train_step_s": step_s, "optimizer_s": optimizer_s,
+            "model_tflop_per_fwd_bwd": flops / 1e12, "tflops": flops / fwd_bwd_s / 1e12,
+            "tokens_per_s": tokens / fwd_bwd_s}, metrics
 
 
 def grpo_batch(vocab: int, samples: int, prompt_len: int, response_len: int):

@@ -2,7 +2,7 @@
 (hidden 1024, 28 layers, 16 heads / 8 kv heads, head_dim 128, intermediate 3072, vocabulary
 151,936, tied embeddings), on a GRPO-shaped batch of 64 samples x (128 + 512) tokens.
 
-The method is gpu_components.py's trainer measurement, unchanged: the same batch, the median of
+The method is gpu_components.py's trainer measurement (its time_train_passes): the same batch, the median of
 3 timed calls each of compute_log_probs (forward), accumulate_gradients (forward+backward, no
 optimizer step), the optimizer step and a whole train_step; model FLOPs counted by
 gpu_components._train_flops (every layer matmul on every token, the LM head on response
@@ -23,13 +23,12 @@ import os
 import shlex
 import sys
 import tempfile
-from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_components import _display, _machine, _num, _train_flops, ceilings, grpo_batch, median_time  # noqa: E402
+from gpu_components import _display, _machine, _num, _train_flops, ceilings, grpo_batch, time_train_passes  # noqa: E402
 from qwen3_shape import QWEN3_06B, TINY, build_checkpoint, qwen3_config  # noqa: E402
 
 # Dense bf16 peaks (no sparsity), by device name fragment, for MFU against the spec sheet.
@@ -83,21 +82,12 @@ def measure(args, device, model_dir, results) -> dict:
     backend = MegatronBackend(config, sizes, device="cpu" if device == "cpu" else None)
     n, p, r = args.train_samples, args.prompt_len, args.new_tokens
     batch = grpo_batch(backend.arch.vocab_size, n, p, r)
-    timed = partial(median_time, device=device)
-
-    fwd_s, old = timed(lambda: backend.compute_log_probs(batch).log_probs)
-    batch = batch.with_fields(old_log_probs=old)
-    fwd_bwd_s, metrics = timed(lambda: backend.accumulate_gradients(batch))
-    optimizer_s, _ = timed(backend.optimizer.step)  # on the gradients just accumulated
-    step_s, _ = timed(lambda: backend.train_step(batch))
     flops = _train_flops(qwen3_config(QWEN3_06B if not args.tiny_shape else TINY), n, p + r, r)
+    timing, metrics = time_train_passes(backend, batch, flops, device)
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    out = {"samples": n, "tokens": n * (p + r), "tensor": args.tensor, "pipeline": args.pipeline,
-           "sequence_parallel": args.sequence_parallel, "recompute": args.recompute, "gpus": world,
-           "max_tokens_per_gpu": args.max_tokens_per_gpu, "micro_batches_per_rank": metrics["num_micro_batches"],
-           "forward_s": fwd_s, "forward_backward_s": fwd_bwd_s, "train_step_s": step_s, "optimizer_s": optimizer_s,
-           "model_tflop_per_fwd_bwd": flops / 1e12, "tflops": flops / fwd_bwd_s / 1e12,
-           "tflops_per_gpu": flops / fwd_bwd_s / 1e12 / world, "tokens_per_s": n * (p + r) / fwd_bwd_s}
+    out = {**timing, "tensor": args.tensor, "pipeline": args.pipeline, "sequence_parallel": args.sequence_parallel,
+           "recompute": args.recompute, "gpus": world, "max_tokens_per_gpu": args.max_tokens_per_gpu,
+           "micro_batches_per_rank": metrics["num_micro_batches"], "tflops_per_gpu": timing["tflops"] / world}
     ceiling = results.get("ceilings", {}).get("matmul_tflops")
     if ceiling:
         out["share_of_matmul_ceiling"] = out["tflops_per_gpu"] / ceiling

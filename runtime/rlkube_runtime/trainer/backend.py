@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 
 from .batch import TrainBatch
 
@@ -59,6 +60,29 @@ def pick_model(model: str, actor: torch.nn.Module, ref: torch.nn.Module | None) 
             "compute_log_probs(model='ref') needs a reference model; it is loaded when algorithm.use_kl_loss is true"
         )
     return ref
+
+
+def joined_over_ranks(share: dict) -> dict:
+    """Every rank's `share` (their keys are disjoint, e.g. sample indices) as one dict on every
+    rank. Collective when torch.distributed runs more than one rank."""
+    return {key: value for part in _gathered(share) for key, value in part.items()}
+
+
+def summed_over_ranks(share: dict[str, float]) -> dict[str, float]:
+    """Every rank's metric sums added up, key by key, on every rank. Collective like joined_over_ranks."""
+    total: dict[str, float] = {}
+    for part in _gathered(share):
+        for key, value in part.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def _gathered(share: dict) -> list[dict]:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [share]
+    gathered: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, share)
+    return gathered
 
 
 def step_metrics(loss_metrics: dict[str, float], *, grad_norm: float, lr: float) -> dict[str, float]:

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..algorithms.entropy import log_probs_and_entropy
 from ..algorithms.loss import policy_objective
-from .backend import LogProbs, pick_model, step_metrics
+from .backend import LogProbs, joined_over_ranks, pick_model, step_metrics, summed_over_ranks
 from .batch import TrainBatch, loss_counts
 from .config import TrainerConfig
 from .lr_schedule import LRSchedule
@@ -126,11 +126,7 @@ class TorchBackend:
             for j, i in enumerate(group):
                 results[mine[i]] = (logp[j].float().cpu(), None if ent is None else ent[j].float().cpu())
         module.train(was_training)
-        if self.world_size > 1:
-            gathered: list[dict | None] = [None] * self.world_size
-            dist.all_gather_object(gathered, results)
-            results = {i: r for part in gathered for i, r in part.items()}
-        return LogProbs.in_batch_order(results, len(batch), with_entropy=with_entropy)
+        return LogProbs.in_batch_order(joined_over_ranks(results), len(batch), with_entropy=with_entropy)
 
     def train_step(
         self,
@@ -203,7 +199,7 @@ class TorchBackend:
                 (loss * self.world_size).backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
-        return {**self._sum_over_ranks(sums), "num_micro_batches": float(len(plan))}
+        return {**summed_over_ranks(sums), "num_micro_batches": float(len(plan))}
 
     # -- weights out ----------------------------------------------------------------------
 
@@ -352,17 +348,6 @@ class TorchBackend:
 
     def _to_device(self, tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
         return None if tensors is None else [t.to(self.device, non_blocking=True) for t in tensors]
-
-    def _sum_over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
-        if self.world_size == 1:
-            return sums
-        gathered: list[dict[str, float] | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, sums)
-        total: dict[str, float] = {}
-        for part in gathered:
-            for key, value in part.items():
-                total[key] = total.get(key, 0.0) + value
-        return total
 
     def _move_module(self, module: torch.nn.Module, tag: str, device: torch.device) -> None:
         for name, tensor in [*module.named_parameters(), *module.named_buffers()]:

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from ...algorithms.entropy import log_probs_and_entropy
 from ...algorithms.loss import policy_objective
-from ..backend import LogProbs, pick_model, step_metrics
+from ..backend import LogProbs, joined_over_ranks, pick_model, step_metrics, summed_over_ranks
 from ..batch import TrainBatch, loss_counts
 from ..config import TrainerConfig
 from ..lr_schedule import LRSchedule
@@ -158,7 +158,8 @@ class MegatronBackend:
         for out in outputs:
             for i, lp, ent in zip(out["index"], out["log_probs"], out["entropy"]):
                 results[i] = (lp, ent)
-        return LogProbs.in_batch_order(self._merge_from_last_stage(results), len(batch), with_entropy=with_entropy)
+        results = joined_over_ranks(results if self._reports else {})
+        return LogProbs.in_batch_order(results, len(batch), with_entropy=with_entropy)
 
     def train_step(
         self,
@@ -218,7 +219,7 @@ class MegatronBackend:
         for out in outputs:
             for key, value in out.items():
                 sums[key] = sums.get(key, 0.0) + value
-        return {**self._sum_from_last_stage(sums), "num_micro_batches": float(len(plan))}
+        return {**summed_over_ranks(sums if self._reports else {}), "num_micro_batches": float(len(plan))}
 
     # -- weights out ----------------------------------------------------------------------
 
@@ -613,26 +614,11 @@ class MegatronBackend:
             micro_batch_size=b.micro_batch_size,
         )
 
-    def _merge_from_last_stage(self, results: dict) -> dict:
-        """Every rank gets the per-sample results the last pipeline stages computed."""
-        if dist.get_world_size() == 1:
-            return results
-        share = results if (self.last_stage and self.tp_rank == 0) else {}
-        gathered: list[dict | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, share)
-        return {i: r for part in gathered for i, r in part.items()}
-
-    def _sum_from_last_stage(self, sums: dict[str, float]) -> dict[str, float]:
-        if dist.get_world_size() == 1:
-            return sums
-        share = sums if (self.last_stage and self.tp_rank == 0) else {}
-        gathered: list[dict | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, share)
-        total: dict[str, float] = {}
-        for part in gathered:
-            for key, value in part.items():
-                total[key] = total.get(key, 0.0) + value
-        return total
+    @property
+    def _reports(self) -> bool:
+        """Whether this rank's per-sample results and loss sums are the ones every rank receives:
+        the last pipeline stage computes them, and its tensor-parallel ranks all hold the same."""
+        return self.last_stage and self.tp_rank == 0
 
     def _gather_tp(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1 or not convert.is_tp_sharded(name):
