@@ -1,19 +1,35 @@
 # The two commands of the README. Both work on a fresh machine: they check what they cannot
-# install themselves (scripts/check_prereqs.py names anything missing and how to get it), install
-# what they need (pip reuses what is already installed and keeps its cache) and then do their one job.
+# install themselves (scripts/check_prereqs.py names anything missing and how to get it), make the
+# project's own virtual environment from the declared dependencies only (scripts/venv.py: reused
+# while pyproject.toml is unchanged, made again from nothing when it changes) and then do their one job.
+# Nothing is installed into the system interpreter, so nothing there can hide a missing declaration.
 PYTHON ?= python3
-PIP_INSTALL = $(PYTHON) -m pip install --disable-pip-version-check -q
-HAVE_PYTHON = command -v $(PYTHON) >/dev/null || { echo "make: missing prerequisite: $(PYTHON) (Python 3.10+, 3.11+ for make test) is not on PATH: apt-get install python3 python3-pip, or make PYTHON=/path/to/python3" >&2; exit 1; }
+VENV ?= .venv
+VENV_BIN = $(CURDIR)/$(VENV)/bin
+# Tests and the run use the venv's python, its console scripts (rlkube, ray, lint-imports) first on PATH.
+IN_VENV = PATH="$(VENV_BIN):$$PATH" RLKUBE_VENV="$(CURDIR)/$(VENV)"
+PYTEST = $(IN_VENV) $(VENV_BIN)/python -m pytest
+HAVE_PYTHON = command -v $(PYTHON) >/dev/null || { echo "make: missing prerequisite: $(PYTHON) (Python 3.10+, 3.11+ for make test) is not on PATH: apt-get install python3 python3-venv, or make PYTHON=/path/to/python3" >&2; exit 1; }
+# The unit tier: no control plane, no training runs; the inner loop (budget: 2 minutes).
+FAST = -m "not slow and not controlplane"
 
-.PHONY: run test install install-dev controlplane check-run check-test
+.PHONY: run test test-fast test-suite venv venv-dev controlplane check-run check-test
 
 ## run: train the embedded default RLJob locally and watch the reward climb
-run: install
-	rlkube run manifests/examples/local-tiny.yaml
+run: venv
+	$(IN_VENV) rlkube run manifests/examples/local-tiny.yaml
 
-## test: the whole test suite (unit, slow, control-plane integration), exactly what CI runs
-test: install-dev controlplane
-	$(PYTHON) -m pytest -ra
+## test: the whole test suite (unit, slow, control-plane integration), exactly what CI runs; its total time at the end
+test:
+	@start=$$(date +%s); $(MAKE) --no-print-directory test-suite; rc=$$?; took=$$(( $$(date +%s) - start )); \
+	echo "make test: exit $$rc after $$((took / 60)) min $$((took % 60)) s (set-up and suite)"; exit $$rc
+
+test-suite: venv-dev controlplane
+	$(PYTEST) -ra --durations=30
+
+## test-fast: the unit tests only (no control plane, no training runs)
+test-fast: venv-dev
+	$(PYTEST) -q $(FAST)
 
 check-run:
 	@$(HAVE_PYTHON)
@@ -23,14 +39,11 @@ check-test:
 	@$(HAVE_PYTHON)
 	@$(PYTHON) scripts/check_prereqs.py test
 
-install: check-run
-	$(PIP_INSTALL) -e '.[runtime]'
+venv: check-run
+	@RLKUBE_VENV="$(CURDIR)/$(VENV)" $(PYTHON) scripts/venv.py run >/dev/null
 
-install-dev: check-test
-	$(PIP_INSTALL) -e '.[dev]'
-	# SGLang's wheel for its argument parser only (the conformance tests): its declared
-	# dependencies would pull a CUDA torch build, the few its import needs are in the dev extra.
-	$(PIP_INSTALL) --no-deps sglang==0.5.8
+venv-dev: check-test
+	@RLKUBE_VENV="$(CURDIR)/$(VENV)" $(PYTHON) scripts/venv.py dev >/dev/null
 
-controlplane:
+controlplane: check-test
 	bash tests/controlplane/build.sh

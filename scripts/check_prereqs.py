@@ -1,7 +1,7 @@
 """What `make run` and `make test` need on a fresh machine, checked before they install anything.
 
-    python3 scripts/check_prereqs.py run     # Python >= 3.10 with pip
-    python3 scripts/check_prereqs.py test    # Python >= 3.11 with pip; Go >= 1.24 unless the test
+    python3 scripts/check_prereqs.py run     # Python >= 3.10 with venv (python3-venv)
+    python3 scripts/check_prereqs.py test    # Python >= 3.11 with venv; Go >= 1.24 unless the test
                                              # control plane is already built; prometheus and
                                              # promtool, or apt-get to install them
 
@@ -45,11 +45,20 @@ def check_python(minimum):
             "or pyenv) and run make with PYTHON=/path/to/python3.11"
             % (minimum + sys.version_info[:2] + (sys.executable,))
         )
-    if subprocess.call([sys.executable, "-m", "pip", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+    if not venv_available():
         problems.append(
-            "pip is missing for %s: apt-get install python3-pip (or %s -m ensurepip)" % (sys.executable, sys.executable)
+            "the venv module with ensurepip is missing for %s (make installs everything into the project's "
+            "own .venv): apt-get install python3-venv" % sys.executable
         )
     return problems
+
+
+def venv_available():
+    """`python -m venv` needs both modules; Debian ships ensurepip apart, in python3-venv."""
+    return all(
+        subprocess.call([sys.executable, "-c", "import %s" % module], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
+        for module in ("venv", "ensurepip")
+    )
 
 
 def controlplane_built():

@@ -71,7 +71,21 @@ def test_prometheus_without_apt_get_is_named(bare_path):
     assert check_prereqs.check_prometheus() == []
 
 
-def test_the_make_targets_run_the_check_before_installing():
+def test_the_make_targets_run_the_check_before_making_the_venv():
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^install: check-run$", makefile, re.M) and re.search(r"^install-dev: check-test$", makefile, re.M)
+    assert re.search(r"^venv: check-run$", makefile, re.M) and re.search(r"^venv-dev: check-test$", makefile, re.M)
     assert "scripts/check_prereqs.py run" in makefile and "scripts/check_prereqs.py test" in makefile
+
+
+def test_a_python_without_ensurepip_is_told_to_install_python3_venv(monkeypatch):
+    calls = []
+
+    def call(argv, **_):
+        calls.append(argv[-1])
+        return 1 if "ensurepip" in argv[-1] else 0
+
+    monkeypatch.setattr(check_prereqs.subprocess, "call", call)
+    [problem] = check_prereqs.check_python((3, 0))
+    assert "apt-get install python3-venv" in problem and calls == ["import venv", "import ensurepip"]
+    monkeypatch.setattr(check_prereqs.subprocess, "call", lambda argv, **_: 0)
+    assert check_prereqs.check_python((3, 0)) == []
