@@ -256,12 +256,13 @@ def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, mast
     try:
         torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     except RuntimeError as err:
-        # The ranks reached each other's node address a moment ago: what is left is the address
-        # gloo or NCCL chose to listen on.
+        # The ranks reached each other at their node addresses a moment ago: if the group cannot
+        # connect, what is left is the interface gloo or NCCL was told to listen on.
         chosen = ", ".join(f"{var}={os.environ.get(var, '(unset)')}" for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"))
         raise NodeNetworkError(
-            f"trainer rank {rank} on {node}: the {backend} process group of {world_size} ranks did not form ({chosen}); "
-            f"the ranks reach each other at their node addresses, so check that the interface named holds it: {err}"
+            f"trainer rank {rank} on {node}: the {backend} process group of {world_size} ranks did not form ({chosen}): "
+            f"{err}. The ranks do reach each other at their node addresses; if the group could not connect, the "
+            "interface named must be one the pods reach each other on"
         ) from err
 
 
