@@ -24,6 +24,7 @@ def xdist_group_of(path: Path, markers: set[str], fixtures: set[str]) -> str | N
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         markers = {m.name for m in item.iter_markers()}
