@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 from rlkube_runtime import __version__
+from rlkube_runtime.spec.contract import RUN_AS_USER
 
 
 @dataclass(frozen=True)
@@ -21,10 +22,15 @@ class OperatorSettings:
     """Cap of the restart backoff faultTolerance.backoffSeconds x 2^restarts."""
     resync_seconds: float = 30.0
     """Active jobs are reconciled at least this often, even when no watch event arrives."""
+    run_as_user: int = RUN_AS_USER
+    """The non-root UID (and GID) every process of a job's pods runs as; the images' user."""
+    read_only_root_filesystem: bool = True
+    """Containers get a read-only root filesystem (writable: an emptyDir at /tmp, and the volumes)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
-        """RLKUBE_TRAINER_IMAGE, RLKUBE_ROLLOUT_IMAGE, RLKUBE_MAX_BACKOFF_SECONDS, RLKUBE_RESYNC_SECONDS."""
+        """RLKUBE_TRAINER_IMAGE, RLKUBE_ROLLOUT_IMAGE, RLKUBE_MAX_BACKOFF_SECONDS, RLKUBE_RESYNC_SECONDS,
+        RLKUBE_RUN_AS_USER, RLKUBE_READ_ONLY_ROOT_FILESYSTEM."""
         env = dict(os.environ if env is None else env)
         defaults = cls()
         return cls(
@@ -32,6 +38,8 @@ class OperatorSettings:
             rollout_image=env.get("RLKUBE_ROLLOUT_IMAGE") or defaults.rollout_image,
             max_backoff_seconds=_positive(env, "RLKUBE_MAX_BACKOFF_SECONDS", defaults.max_backoff_seconds),
             resync_seconds=_positive(env, "RLKUBE_RESYNC_SECONDS", defaults.resync_seconds),
+            run_as_user=_non_root_uid(env, "RLKUBE_RUN_AS_USER", defaults.run_as_user),
+            read_only_root_filesystem=_flag(env, "RLKUBE_READ_ONLY_ROOT_FILESYSTEM", defaults.read_only_root_filesystem),
         )
 
 
@@ -46,3 +54,21 @@ def _positive(env: dict[str, str], key: str, default: float) -> float:
     if value <= 0:
         raise ValueError(f"{key} must be > 0 seconds, got {raw!r}")
     return value
+
+
+def _non_root_uid(env: dict[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw in (None, ""):
+        return default
+    if not raw.isdigit() or int(raw) == 0:
+        raise ValueError(f"{key} must be a non-root UID (an integer >= 1; pods run as non-root), got {raw!r}")
+    return int(raw)
+
+
+def _flag(env: dict[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key)
+    if raw in (None, ""):
+        return default
+    if raw.lower() not in ("true", "false"):
+        raise ValueError(f"{key} must be true or false, got {raw!r}")
+    return raw.lower() == "true"

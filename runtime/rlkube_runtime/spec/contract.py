@@ -35,6 +35,14 @@ PREEMPTED_EXIT_CODE = 143
 METRICS_PORT = 9464
 METRICS_PORT_NAME = "rlkube-metrics"
 
+# The non-root user and group every process of a job runs as (the pods' runAsUser/runAsGroup; the
+# trainer and rollout images create this user, so a pod that runs as it finds its home and name).
+RUN_AS_USER = 1000
+# What the pods may write to, their root filesystem being read-only: an emptyDir here, which is
+# also the working directory and $HOME (Ray's session files, compiler and model caches, a run's
+# output when spec.model.save is unset).
+WRITABLE_DIR = "/tmp"
+
 # The RLJob's spec, as a file from its ConfigMap, and the command that runs it on the head pod.
 SPEC_MOUNT_DIR = "/etc/rlkube"
 SPEC_FILE = "rljob.yaml"

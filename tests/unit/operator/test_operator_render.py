@@ -8,6 +8,7 @@ import pytest
 import yaml
 from operator_testutil import default_settings, make_body
 from rlkube_operator import render
+from rlkube_operator.settings import OperatorSettings
 from rlkube_runtime.spec.load import parse_rljob
 from rlkube_runtime.spec.resources import RESERVED_LABEL_PREFIXES, RESERVED_LABELS
 
@@ -248,6 +249,10 @@ def test_rollout_pods_hold_whole_engines(gpus, per_engine, expected):
         ({"resources": {"sharedMemorySize": "32Gi", "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
                         "volumeMounts": [PVC_MOUNT, {"name": "dshm", "mountPath": "/dev/shm/"}]}},
          "spec.resources.sharedMemorySize", "and so does resources.volumeMounts[1] ('dshm')"),
+        ({"resources": {"volumes": [PVC_VOLUME], "volumeMounts": [{"name": "ckpt", "mountPath": "/tmp/"}]}},
+         "spec.resources.volumeMounts[0].mountPath", "rlkube mounts the job's spec file and its writable /tmp"),
+        ({"resources": {"volumes": [{"name": "rlkube-tmp", "emptyDir": {}}]}},
+         "spec.resources.volumes[0].name", "reserved"),
     ],
 )
 def test_specs_that_cannot_become_pods_name_the_field(spec, field, needle):
@@ -350,18 +355,53 @@ def test_priority_and_pull_secrets_reach_every_pod_the_submitter_included():
         assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}], role
 
 
-def test_the_submitter_is_kuberays_default_pod_with_the_job_wide_settings():
+def test_the_submitter_is_kuberays_default_pod_with_the_jobs_pod_security_and_job_wide_settings():
     _, rj = _render(POD_KNOBS)
     submitter = rj["spec"]["submitterPodTemplate"]
     [container] = submitter["spec"]["containers"]
-    head_image = rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
-    assert container == {"name": "ray-job-submitter", "image": head_image, "resources": {
-        "limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "200Mi"}}}
+    head = rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    assert container["name"] == "ray-job-submitter"
+    assert container["image"] == head["spec"]["containers"][0]["image"]
+    assert container["resources"] == {"limits": {"cpu": "1", "memory": "1Gi"},
+                                      "requests": {"cpu": "500m", "memory": "200Mi"}}
+    assert container["securityContext"] == head["spec"]["containers"][0]["securityContext"]
+    assert submitter["spec"]["securityContext"] == head["spec"]["securityContext"]
     assert submitter["spec"]["restartPolicy"] == "Never"
     assert "command" not in container  # KubeRay fills in `ray job submit ...` itself
-    # Without job-wide pod settings KubeRay makes the same pod itself.
+    # Rendered for every job: KubeRay's own submitter pod has no securityContext, which a namespace
+    # enforcing the restricted Pod Security Standard refuses.
     _, plain = _render(SEPARATE)
-    assert "submitterPodTemplate" not in plain["spec"]
+    assert "securityContext" in plain["spec"]["submitterPodTemplate"]["spec"]
+
+
+@pytest.mark.parametrize("spec", [SEPARATE, POD_KNOBS, {}], ids=["separate", "pod-knobs", "colocated"])
+def test_every_pod_runs_as_the_fixed_non_root_user_without_privileges_on_a_read_only_root(spec):
+    _, rj = _render(spec)
+    for role, pod in _pods(rj).items():
+        assert pod["spec"]["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
+        }, role
+        [container] = pod["spec"]["containers"]
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+        }, role
+        # What the processes write goes to an emptyDir: /tmp is the working directory and $HOME.
+        assert {"name": "rlkube-tmp", "emptyDir": {}} in pod["spec"]["volumes"], role
+        assert {"name": "rlkube-tmp", "mountPath": "/tmp"} in container["volumeMounts"], role
+        assert container["workingDir"] == "/tmp", role
+        assert {"name": "HOME", "value": "/tmp"} in container["env"], role
+
+
+def test_the_operator_settings_choose_the_uid_and_whether_the_root_is_read_only():
+    settings = OperatorSettings(run_as_user=4242, read_only_root_filesystem=False)
+    body = make_body(SEPARATE)
+    rj = render.render_rayjob(render.JobRef.from_body(body), parse_rljob(body).spec, attempt=0, settings=settings)
+    for role, pod in _pods(rj).items():
+        context = pod["spec"]["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (4242, 4242, 4242), role
+        assert pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False, role
 
 
 def test_pod_labels_and_annotations_merge_job_wide_then_group_and_keep_rlkubes_own():
