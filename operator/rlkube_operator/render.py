@@ -1,5 +1,6 @@
 """RLJob -> the Kubernetes objects that run it: a KubeRay RayJob per attempt, the ConfigMap holding
-the spec the runtime reads, and the ServiceAccount/Role/RoleBinding the runtime reports status with.
+the spec the runtime reads, the ServiceAccount/Role/RoleBinding the runtime reports status with,
+the job's API key (a Secret) and the NetworkPolicy that admits only the job's own pods.
 
 Pure: dicts in, dicts out; no API calls. Every object carries an owner reference to the RLJob
 (controller, blockOwnerDeletion), so the garbage collector deletes them with it.
@@ -21,6 +22,10 @@ RayJob layout (ray.io/v1, K8sJobMode):
 - every pod (head, workers, KubeRay's submitter) passes the `restricted` Pod Security Standard: a
   fixed non-root UID, no privilege escalation, no capabilities, seccomp RuntimeDefault, a read-only
   root filesystem with an emptyDir at /tmp as working directory and $HOME.
+- job traffic is authenticated: Ray's own token authentication (the cluster's authOptions; KubeRay
+  makes the token), and the job's API key (RLKUBE_API_KEY, from the Secret `<name>-api-key`) that
+  the router and every engine require; the NetworkPolicy `<name>` admits only the job's own pods,
+  Prometheus to the metrics port and KubeRay's operator to the Ray dashboard.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from typing import Any
 
 import yaml
 from rlkube_runtime.spec.contract import (  # what the runtime inside the pods expects
+    API_KEY_SECRET_KEY,
     ENTRYPOINT,
+    ENV_API_KEY,
     ENV_ATTEMPT,
     ENV_METRICS_PORT,
     ENV_RLJOB_NAME,
@@ -41,6 +48,7 @@ from rlkube_runtime.spec.contract import (  # what the runtime inside the pods e
     MAX_NAME_LENGTH,
     METRICS_PORT,
     METRICS_PORT_NAME,
+    MIN_RAY_VERSION,
     ROLLOUT_RESOURCE,
     ROUTER_RESOURCE,
     SPEC_FILE,
@@ -49,7 +57,7 @@ from rlkube_runtime.spec.contract import (  # what the runtime inside the pods e
     WRITABLE_DIR,
 )
 from rlkube_runtime.spec import API_VERSION, KIND, RLJobSpec
-from rlkube_runtime.spec.resources import RolloutResources, TrainerResources
+from rlkube_runtime.spec.resources import RolloutResources, SecretEnvVar, TrainerResources
 
 from .settings import OperatorSettings
 
@@ -85,9 +93,10 @@ HEAD_RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"}}
 # when a job-wide pod setting (pull secrets, priority, labels, annotations) must reach that pod too.
 SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "200Mi"}}
+RAY_DASHBOARD_PORT = 8265
 RAY_PORTS = [
     {"name": "gcs-server", "containerPort": 6379},
-    {"name": "dashboard", "containerPort": 8265},
+    {"name": "dashboard", "containerPort": RAY_DASHBOARD_PORT},
     {"name": "client", "containerPort": 10001},
     {"name": "metrics", "containerPort": 8080},
 ]
@@ -142,6 +151,14 @@ def attempt_of(rayjob: dict[str, Any]) -> int | None:
 
 def configmap_name(rljob: str) -> str:
     return f"{rljob}-spec"
+
+
+def api_key_secret_name(rljob: str) -> str:
+    return f"{rljob}-api-key"
+
+
+def network_policy_name(rljob: str) -> str:
+    return rljob
 
 
 def runtime_account_name(rljob: str) -> str:
@@ -258,6 +275,40 @@ def render_role_binding(ref: JobRef) -> dict[str, Any]:
         "metadata": _metadata(ref, name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ref.namespace}],
+    }
+
+
+# --- the job's API key and its NetworkPolicy ------------------------------------------------------
+
+
+def render_api_key_secret(ref: JobRef, key: str) -> dict[str, Any]:
+    """The job's API key (`key`, fresh random text from the controller), which the router and every
+    engine require and the runtime sends. Created with each attempt's RayJob; one that exists is
+    kept (the operator may create Secrets but never read them)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(ref, api_key_secret_name(ref.name)),
+        "type": "Opaque",
+        "stringData": {API_KEY_SECRET_KEY: key},
+    }
+
+
+def render_network_policy(ref: JobRef, settings: OperatorSettings) -> dict[str, Any]:
+    """Ingress to the job's pods from its own pods only (any port: Ray, NCCL, the engines and router),
+    plus the metrics port from Prometheus and the Ray dashboard from KubeRay's operator (it submits
+    the Ray job and follows it there). Egress is left open (model hubs, trackers). Enforced only
+    where the cluster's network plugin enforces NetworkPolicies."""
+    own = {"matchLabels": {LABEL_RLJOB: ref.name}}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": copy.deepcopy(own)}]}]
+    for peers, port in ((settings.metrics_from, RUNTIME_METRICS_PORT), (settings.dashboard_from, RAY_DASHBOARD_PORT)):
+        if peers:
+            ingress.append({"from": copy.deepcopy(list(peers)), "ports": [{"protocol": "TCP", "port": port}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(ref, network_policy_name(ref.name)),
+        "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
@@ -379,6 +430,11 @@ def render_rayjob(
         "ttlSecondsAfterFinished": 0,
         "suspend": spec.suspend or bool(spec.queue_name),
         "rayClusterSpec": {
+            # Ray's token authentication: KubeRay makes the token (a Secret named after the cluster)
+            # and gives it to every Ray container, the submitter and its own dashboard client, so
+            # nothing outside the job may use Ray's GCS, dashboard or job API.
+            "rayVersion": MIN_RAY_VERSION,
+            "authOptions": {"mode": "token"},
             "headGroupSpec": _head_group(ref, spec, attempt, head_image, settings),
             "workerGroupSpecs": [_worker_group(ref, spec, attempt, g, settings) for g in groups],
         },
@@ -431,8 +487,7 @@ def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, image: str, settings
     container["ports"] = copy.deepcopy(RAY_PORTS) + [
         {"name": RUNTIME_METRICS_PORT_NAME, "containerPort": RUNTIME_METRICS_PORT}
     ]
-    if not any(e.get("name") == ENV_METRICS_PORT for e in container["env"]):
-        container["env"].append({"name": ENV_METRICS_PORT, "value": str(RUNTIME_METRICS_PORT)})
+    container["env"].append({"name": ENV_METRICS_PORT, "value": str(RUNTIME_METRICS_PORT)})
     # The head runs no GPU work; it takes the trainer's tolerations so it can share tainted GPU
     # nodes when those are all there is, but not its nodeSelector or affinity (it needs no GPU node).
     pod = _pod_spec(ref, spec, container, settings, node_selector={}, tolerations=trainer.tolerations, affinity={})
@@ -564,10 +619,13 @@ def _container(
         {"name": ENV_RLJOB_NAMESPACE, "value": ref.namespace},
         {"name": ENV_ATTEMPT, "value": str(attempt)},
         {"name": "RLKUBE_ROLE", "value": role},
+        {"name": ENV_API_KEY, "valueFrom": {"secretKeyRef": {"name": api_key_secret_name(ref.name),
+                                                              "key": API_KEY_SECRET_KEY}}},
         # Caches (Hugging Face, Triton, torch) go under $HOME; the root filesystem is read-only.
         {"name": "HOME", "value": WRITABLE_DIR},
     ]
     env += copy.deepcopy(spec.resources.env)
+    env += [secret_env_var(var) for var in spec.resources.secret_env]
     mounts = [
         {"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT_DIR, "readOnly": True},
         {"name": TMP_VOLUME, "mountPath": WRITABLE_DIR},
@@ -589,6 +647,15 @@ def _container(
     if resources:
         container["resources"] = resources
     return container
+
+
+def secret_env_var(var: SecretEnvVar) -> dict[str, Any]:
+    """One of spec.resources.secretEnv as the container's EnvVar (the admission policy has checked
+    that the RLJob's author may read the Secret)."""
+    ref = {"name": var.secret_name, "key": var.key}
+    if var.optional:
+        ref["optional"] = True
+    return {"name": var.name, "valueFrom": {"secretKeyRef": ref}}
 
 
 def _pod_spec(

@@ -43,7 +43,7 @@ CHILDREN = (("configmap", "{}-spec"), ("serviceaccount", "{}-runtime"), ("role",
 
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-HF_TOKEN_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": True}}}
+HF_TOKEN_ENV = {"name": "HF_TOKEN", "secretName": "hf", "key": "token", "optional": True}
 
 
 def rljob_yaml(name: str, *, placement: str = "colocated", **spec_extra) -> str:
@@ -55,7 +55,7 @@ def rljob_yaml(name: str, *, placement: str = "colocated", **spec_extra) -> str:
             "placement": "separate",
             "trainer": {"nodes": 1, "gpusPerNode": 4, "tolerations": [GPU_TOLERATION]},
             "rollout": {"gpus": 4},
-            "env": [HF_TOKEN_ENV],
+            "secretEnv": [HF_TOKEN_ENV],
             "volumes": [{"name": "ckpt", "emptyDir": {}}],
             "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
         },

@@ -9,7 +9,7 @@ import yaml
 from operator_testutil import default_settings, make_body
 from rlkube_operator import render
 from rlkube_operator.settings import OperatorSettings
-from rlkube_runtime.spec.load import parse_rljob
+from rlkube_runtime.spec.load import SpecError, parse_rljob
 from rlkube_runtime.spec.resources import RESERVED_LABEL_PREFIXES, RESERVED_LABELS
 
 SECRET_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
@@ -283,9 +283,9 @@ def test_the_head_serves_the_training_metrics_on_a_named_port():
     head = _render({})[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {"name": "rlkube-metrics", "containerPort": 9464} in head["ports"]
     assert {"name": "RLKUBE_METRICS_PORT", "value": "9464"} in head["env"]
-    chosen = _render({"resources": {"env": [{"name": "RLKUBE_METRICS_PORT", "value": "9000"}]}})
-    env = chosen[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
-    assert [e["value"] for e in env if e["name"] == "RLKUBE_METRICS_PORT"] == ["9000"]
+    # The port is the one the chart's PodMonitor scrapes by name: the spec refuses a user value for it.
+    with pytest.raises(SpecError, match=r"spec.resources.env\[0\].name: 'RLKUBE_METRICS_PORT': variables starting"):
+        _render({"resources": {"env": [{"name": "RLKUBE_METRICS_PORT", "value": "9000"}]}})
 
 
 # --- pod settings: GPU resource name, affinity, priority, pull secrets, labels, /dev/shm ----------
@@ -467,3 +467,54 @@ def test_every_pod_gets_the_grace_period_the_runtime_needs_to_checkpoint_on_sigt
 
     assert grace_periods(_render({})[1]) == {600}
     assert grace_periods(_render({"faultTolerance": {"terminationGracePeriodSeconds": 1800}})[1]) == {1800}
+
+
+# --- authenticated job traffic ------------------------------------------------------------------
+
+
+def test_ray_token_authentication_is_on_for_every_cluster():
+    _, rj = _render(SEPARATE)
+    cluster = rj["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token"}
+    assert cluster["rayVersion"] == "2.52.0"  # KubeRay refuses token mode below Ray 2.52
+
+
+def test_every_ray_container_gets_the_jobs_api_key_from_its_secret():
+    _, rj = _render(SEPARATE)
+    for role, pod in _pods(rj).items():
+        if role == "submitter":
+            continue  # submits the Ray job (Ray's token reaches it from KubeRay); it calls no engine
+        env = pod["spec"]["containers"][0]["env"]
+        assert {"name": "RLKUBE_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": "tiny-api-key", "key": "api-key"}}} in env, role
+
+
+def test_the_api_key_secret_and_network_policy_are_owned_by_the_rljob():
+    body = make_body(SEPARATE)
+    ref = render.JobRef.from_body(body)
+    secret = render.render_api_key_secret(ref, "k3y")
+    assert (secret["metadata"]["name"], secret["stringData"]) == ("tiny-api-key", {"api-key": "k3y"})
+    policy = render.render_network_policy(ref, default_settings())
+    for obj in (secret, policy):
+        assert obj["metadata"]["ownerReferences"] == [render.owner_reference(ref)]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"rlkube.io/rljob": "tiny"}}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    own, metrics, dashboard = policy["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"rlkube.io/rljob": "tiny"}}}]}
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9464}]
+    assert dashboard["ports"] == [{"protocol": "TCP", "port": 8265}]
+    assert metrics["from"] == [{"namespaceSelector": {}, "podSelector": {
+        "matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+
+
+def test_secret_env_becomes_a_secret_key_ref_on_every_ray_container():
+    spec = {"resources": {"secretEnv": [{"name": "WANDB_API_KEY", "secretName": "wandb", "key": "api-key"},
+                                        {"name": "HF_TOKEN", "secretName": "hf", "key": "token", "optional": True}]}}
+    _, rj = _render(spec)
+    for role, pod in _pods(rj).items():
+        if role == "submitter":
+            continue
+        env = pod["spec"]["containers"][0]["env"]
+        assert {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}} in env
+        assert {"name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": True}}} in env
