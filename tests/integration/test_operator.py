@@ -220,7 +220,7 @@ def test_fields_a_running_job_depends_on_cannot_change_but_others_can(crd_instal
     assert apply_file(cp, tmp_path / "job.yaml", rljob_yaml("fixed"), ns).returncode == 0
     for patch, field in [
         ({"rollout": {"batchSize": 8, "nSamplesPerPrompt": 2}, "training": {"globalBatchSize": 16}}, "spec.rollout.batchSize"),
-        ({"model": {"preset": "tiny", "hfCheckpoint": "/other"}}, "spec.model"),
+        ({"model": {"preset": "tiny", "save": "/other"}}, "spec.model"),
         ({"resources": {"placement": "separate"}}, "spec.resources.placement"),
     ]:
         proc = cp.kubectl("-n", ns, "patch", "rljob", "fixed", "--type", "merge", "-p", json.dumps({"spec": patch}),
