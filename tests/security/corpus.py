@@ -107,6 +107,8 @@ HOSTILE: list[Hostile] = [
             "spec.resources.env[0].name", "variables starting with RLKUBE_ or RAY_", "the driver on another cluster"),
     Hostile("secret-env-ray-token", res(secretEnv=[{"name": "RAY_AUTH_TOKEN", "secretName": "mine", "key": "t"}]),
             "spec.resources.secretEnv[0].name", "variables starting with RLKUBE_ or RAY_", "Ray's token replaced"),
+    Hostile("credential-written-into-the-spec", res(env=[{"name": "WANDB_API_KEY", "value": "0123abcd"}]),
+            "spec.resources.env[0].value", "holds a credential", "a key stored in the RLJob and its ConfigMap"),
     # Privileges through a mount.
     Hostile("bidirectional-mount", res(volumes=[PVC], volumeMounts=[{"name": "data", "mountPath": "/data",
                                                                     "mountPropagation": "Bidirectional"}]),

@@ -432,3 +432,15 @@ def test_the_operator_reads_the_same_pod_policy_the_admission_policy_enforces(tm
     deployment = one(docs, "Deployment")
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RLKUBE_POD_POLICY"] == "/etc/rlkube-operator/pod-policy.yaml"
+
+
+def test_the_network_policy_peers_of_the_values_are_the_operators_defaults():
+    from rlkube_operator.settings import OperatorSettings
+
+    deployment = one(render(), "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env.pop("RLKUBE_POD_POLICY")  # a file in the pod (test_the_operator_reads_the_same_pod_policy_...)
+    settings = OperatorSettings.from_env(env)
+    assert settings.metrics_from == OperatorSettings().metrics_from
+    assert settings.dashboard_from == OperatorSettings().dashboard_from
+    assert (settings.run_as_user, settings.read_only_root_filesystem) == (1000, True)

@@ -282,6 +282,16 @@ _ENV_NAME_RE = re.compile(ENV_NAME_PATTERN)
 MAX_SECRET_ENV = 32
 
 
+# A variable with one of these names holds a credential: its value must come from a Secret, since a
+# value written in the spec is stored in the RLJob, its spec ConfigMap and the trackers' config.
+CREDENTIAL_ENV_PATTERN = r"(^|_)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|CREDENTIALS)$"
+_CREDENTIAL_ENV_RE = re.compile(CREDENTIAL_ENV_PATTERN)
+CREDENTIAL_MESSAGE = (
+    "{name!r} holds a credential: a value written here is stored in the RLJob, its spec ConfigMap and the "
+    "trackers' config; put it in a Secret and name it in resources.secretEnv"
+)
+
+
 def env_name_problem(name: Any) -> str | None:
     """Why `name` cannot be an environment variable of the job's pods, or None."""
     if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
@@ -409,6 +419,8 @@ def env_violations(env: list[KubeObject], secret_env: list[SecretEnvVar]) -> lis
         if name in seen:
             out.append((f"env[{i}].name", f"{name!r} is already set by {seen[name]}; keep one"))
         seen[name] = f"env[{i}]"
+        if "value" in var and _CREDENTIAL_ENV_RE.search(name):
+            out.append((f"env[{i}].value", CREDENTIAL_MESSAGE.format(name=name)))
     for i, var in enumerate(secret_env):
         if var.name in seen:
             out.append((f"secretEnv[{i}].name", f"{var.name!r} is already set by {seen[var.name]}; keep one"))
