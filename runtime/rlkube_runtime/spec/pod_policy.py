@@ -39,6 +39,10 @@ from .rljob import RLJobSpec
 SAFE_VOLUME_TYPES = ("configMap", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim")
 SECRET_VOLUME = "secret"
 POLICY_SETTING = "podPolicy"  # the chart value and the key of the operator's policy file
+# The admission policy checks the author may `get` each Secret, ConfigMap and claim a job names, one
+# authorization check each; at 350000 of the API server's 10000000 CEL budget per request, a job
+# names at most this many of each kind.
+MAX_NAMED_OBJECTS = 6
 
 
 class PodAllowance(SpecModel):
@@ -124,6 +128,12 @@ def pod_policy_violations(spec: RLJobSpec, allowance: PodAllowance) -> list[tupl
             if secret not in allowance.secret_names:
                 out.append((f"resources.env[{i}].valueFrom.secretKeyRef.name",
                             _secret_message(secret, "an env secretKeyRef", allowance)))
+    for kind, names in named_objects(spec).items():
+        if len(set(names)) > MAX_NAMED_OBJECTS:
+            out.append(("resources", (
+                f"the job names {len(set(names))} {kind}; at most {MAX_NAMED_OBJECTS}: each is checked against your "
+                "own access"
+            )))
     if allowance.image_registries:
         for group in ("trainer", "rollout"):
             image = getattr(res, group).image
@@ -133,6 +143,30 @@ def pod_policy_violations(spec: RLJobSpec, allowance: PodAllowance) -> list[tupl
                     f"(the operator's {POLICY_SETTING}.imageRegistries)"
                 )))
     return out
+
+
+def named_objects(spec: RLJobSpec) -> dict[str, list[str]]:
+    """The Secrets, ConfigMaps and PersistentVolumeClaims the job's pods read by name (what the
+    admission policy checks the author may get)."""
+    res = spec.resources
+    secrets = [v.secret_name for v in res.secret_env] + [s.name for s in res.image_pull_secrets]
+    configmaps: list[str] = []
+    claims: list[str] = []
+    for volume in res.volumes:
+        source = {key: value for key, value in volume.items() if isinstance(value, dict)}
+        if "secret" in source and "secretName" in source["secret"]:
+            secrets.append(str(source["secret"]["secretName"]))
+        if "configMap" in source and "name" in source["configMap"]:
+            configmaps.append(str(source["configMap"]["name"]))
+        if "persistentVolumeClaim" in source and "claimName" in source["persistentVolumeClaim"]:
+            claims.append(str(source["persistentVolumeClaim"]["claimName"]))
+    for var in res.env:
+        value_from = var.get("valueFrom") if isinstance(var.get("valueFrom"), dict) else {}
+        for key, into in (("secretKeyRef", secrets), ("configMapKeyRef", configmaps)):
+            ref = value_from.get(key)
+            if isinstance(ref, dict) and "name" in ref:
+                into.append(str(ref["name"]))
+    return {"Secrets": secrets, "ConfigMaps": configmaps, "PersistentVolumeClaims": claims}
 
 
 def _secret_message(secret: Optional[str], what: str, allowance: PodAllowance) -> str:
