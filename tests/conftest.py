@@ -1,18 +1,30 @@
-"""Suite-wide: which tests must share one pytest-xdist worker.
+"""Suite-wide: which tests must share one pytest-xdist worker, and the control plane they share.
 
 `make test` runs the suite on two workers (`-n 2 --dist loadgroup`). A session-scoped fixture is
 made once per worker, so the tests that share an expensive one are kept on one worker: everything
 on the shared control plane, and the chaos suite (its own control plane and its reference run).
 The rest is spread over both workers as they free up.
+
+``control_plane`` (session scope) is a running tests/controlplane/harness.py ControlPlane: etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler, kwok with two fake nodes of 8
+``nvidia.com/gpu`` each, and the KubeRay operator; one for tests/integration and tests/security
+alike (tests/chaos has its own). Mark tests that use it ``@pytest.mark.controlplane`` and
+``@pytest.mark.slow``.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+CONTROLPLANE_DIR = TESTS / "controlplane"
+FAKE_NODES = 2
+GPUS_PER_NODE = 8
 
 
 def xdist_group_of(path: Path, markers: set[str], fixtures: set[str]) -> str | None:
@@ -31,3 +43,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = xdist_group_of(Path(str(item.path)), markers, set(getattr(item, "fixturenames", ())))
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    if str(CONTROLPLANE_DIR) not in sys.path:
+        sys.path.insert(0, str(CONTROLPLANE_DIR))
+    from harness import BUILD_COMMAND, ControlPlane, cache_dir, missing_binaries, processes_in_groups
+
+    missing = missing_binaries()
+    if missing:
+        # CI builds them first (make test -> controlplane); a missing binary is a setup error, not a skip.
+        pytest.fail(
+            f"control plane binaries missing in {cache_dir() / 'bin'}: {', '.join(missing)}; "
+            f"run `{BUILD_COMMAND}` first",
+            pytrace=False,
+        )
+    # Logs go to RLKUBE_CONTROLPLANE_LOGS if set, else to pytest's temp dir, which outlives the run
+    # (pytest keeps the last three runs' dirs).
+    logs = os.environ.get("RLKUBE_CONTROLPLANE_LOGS")
+    logs_dir = Path(logs) if logs else tmp_path_factory.mktemp("controlplane-logs")
+    cp = ControlPlane(nodes=FAKE_NODES, gpus_per_node=GPUS_PER_NODE, logs_dir=logs_dir)
+    cp.start()
+    pgids = cp.pids
+    try:
+        yield cp
+    finally:
+        cp.stop()
+    survivors = processes_in_groups(pgids)
+    if survivors:
+        pytest.fail(f"control plane processes survived stop(): {survivors}", pytrace=False)

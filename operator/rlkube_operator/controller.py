@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import metrics, render
-from .kube import Kube, api_error_status, api_error_text, api_unreachable, namespace_terminating
-from .reconcile import Event, Observed, Plan, current_attempt, reconcile
+from .kube import InvalidObject, Kube, api_error_status, api_error_text, api_unreachable, namespace_terminating
+from .reconcile import Event, Observed, Plan, current_attempt, reconcile, refused_by_api_server
 from .settings import OperatorSettings
 from .status import status_changes
 
@@ -175,8 +176,16 @@ class Controller:
             pods=pods,
             now=self.clock(),
             conflicts=tuple(conflicts),
+            new_api_key=secrets.token_urlsafe(32),
         )
-        return body, self._apply(body, reconcile(observed, self.settings))
+        try:
+            return body, self._apply(body, reconcile(observed, self.settings))
+        except InvalidObject as exc:
+            # Not a transient error: the same spec renders the same object, refused again. The job
+            # fails now, with the API server's own words (no retry).
+            log.warning("RLJob %s/%s: the API server refused %s %s as invalid: %s", namespace, name, exc.kind,
+                        exc.name, exc.message)
+            return body, self._apply(body, refused_by_api_server(observed, exc.kind, exc.name, exc.message))
 
     def _apply(self, body: dict[str, Any], plan: Plan) -> Applied:
         kube = self.kube

@@ -24,11 +24,24 @@ TIMEOUT = 30  # seconds per API call
 MERGE_PATCH = "application/merge-patch+json"
 
 
+class InvalidObject(Exception):
+    """The API server refused to create an object as invalid (HTTP 422): the spec it was rendered
+    from cannot become it, and another try would be refused the same way."""
+
+    def __init__(self, kind: str, name: str, message: str):
+        self.kind, self.name, self.message = kind, name, message
+        super().__init__(f"{kind} {name}: {message}")
+
+    def __reduce__(self):
+        return type(self), (self.kind, self.name, self.message)
+
+
 class Kube:
     def __init__(self, api_client: client.ApiClient):
         self.api = api_client
         self.core = client.CoreV1Api(api_client)
         self.rbac = client.RbacAuthorizationV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
@@ -118,7 +131,9 @@ class Kube:
         return [self._plain(p) for p in pods.items]
 
     def create(self, obj: dict[str, Any]) -> bool:
-        """Create a ConfigMap, ServiceAccount, Role, RoleBinding or RayJob; False if it already existed."""
+        """Create a ConfigMap, ServiceAccount, Secret, Role, RoleBinding, NetworkPolicy or RayJob; False if
+        it already existed.
+        Raises InvalidObject when the API server refuses it as invalid (422)."""
         ns = obj["metadata"]["namespace"]
         kind = obj["kind"]
         if kind == "RayJob":
@@ -130,8 +145,10 @@ class Kube:
             create = {
                 "ConfigMap": self.core.create_namespaced_config_map,
                 "ServiceAccount": self.core.create_namespaced_service_account,
+                "Secret": self.core.create_namespaced_secret,
                 "Role": self.rbac.create_namespaced_role,
                 "RoleBinding": self.rbac.create_namespaced_role_binding,
+                "NetworkPolicy": self.networking.create_namespaced_network_policy,
             }[kind]
 
             def call() -> Any:
@@ -142,6 +159,8 @@ class Kube:
             if exc.status == 409:
                 log.debug("%s %s/%s already exists", kind, ns, obj["metadata"]["name"])
                 return False
+            if exc.status == 422:
+                raise InvalidObject(kind, obj["metadata"]["name"], _status_body(exc).get("message") or str(exc.body))
             raise
         return True
 

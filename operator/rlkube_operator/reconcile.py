@@ -73,6 +73,10 @@ FAILED_AT_ANNOTATION = "rlkube.io/failed-at"
 # On each RayJob: how many preemptions came before its attempt (see Preemptions above).
 PREEMPTIONS_ANNOTATION = "rlkube.io/preemptions"
 PREEMPTED = "Preempted"  # the reason of a restart after a preemption
+# The reason of a job failed because it was preempted more often than faultTolerance.maxPreemptions.
+PREEMPTION_LIMIT_EXCEEDED = "PreemptionLimitExceeded"
+# The reason while a repeatedly preempted job waits out its backoff before the next attempt.
+PREEMPTION_BACKOFF = "PreemptedBackoffWaiting"
 
 # Fixed for the life of a job (camelCase paths under spec): the checkpoint layout, the data
 # position and the partial-rollout buffer in a checkpoint all depend on them. Read from the
@@ -93,6 +97,8 @@ class Observed:
     pods: list[dict[str, Any]]  # pods of the current attempt (for failure details)
     now: datetime
     conflicts: tuple[str, ...] = ()  # 'Kind name' of children's names taken by objects this RLJob does not own
+    # Fresh random text for the job's API key, used if its Secret is created now (one that exists is kept).
+    new_api_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -198,7 +204,7 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
     ref = render.JobRef.from_body(body)
     try:
         render.check_name(ref.name)
-        job = parse_rljob(_spec_object(body))
+        job = parse_rljob(_spec_object(body), pod_policy=settings.pod_policy.allowance(ref.namespace))
         # Rendered once up front so a spec that cannot become pods creates nothing at all.
         render.render_rayjob(ref, job.spec, attempt=0, settings=settings)
     except (SpecError, render.RenderError) as exc:
@@ -212,7 +218,8 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
         return d.name_conflict()
     if d.held:
         try:
-            job = parse_rljob({**_spec_object(body), "spec": d.spec})
+            job = parse_rljob({**_spec_object(body), "spec": d.spec},
+                              pod_policy=settings.pod_policy.allowance(ref.namespace))
         except SpecError as exc:
             return _fail_permanently(obs, _first_error(exc))
     d = d.going_ahead(job)
@@ -314,7 +321,8 @@ class _Decision:
             rayjob = self._rayjob(self.n)
         except render.RenderError as exc:  # only when held fixed fields make a different spec
             return _fail_permanently(self.obs, (exc.field, exc.message), create=self.create, delete=self.delete)
-        return self.active(*_created_phase(self.job, self.name, self.n), create=(rayjob,), refresh_configmap=True)
+        return self.active(*_created_phase(self.job, self.name, self.n), create=self._with_attempt_objects(rayjob),
+                           refresh_configmap=True)
 
     def after_failure(self, attempt: Attempt) -> Plan:
         """Attempt n failed: Failed for good, a restart after its backoff, or a resume after a preemption."""
@@ -336,28 +344,21 @@ class _Decision:
         if record is None and attempt.exit_code == PREEMPTED_EXIT_CODE:
             record = {"attempt": n}  # stopped on SIGTERM, but its status.lastPreemption write failed
         if record is not None:
-            return self.resume_after_preemption(record)
+            return self.resume_after_preemption(record, attempt)
         failures = n - self.preemptions  # restarts after failures so far; backoffLimit bounds these
         if failures >= ft.backoff_limit:
             message = f"{attempt.message}; faultTolerance.backoffLimit({ft.backoff_limit}) restarts used up"
             return self.finish(RLJobPhase.FAILED, "BackoffLimitExceeded", message, attempt=attempt)
 
-        now = self.obs.now
-        failed_at = _parse_time((self.current["metadata"].get("annotations") or {}).get(FAILED_AT_ANNOTATION))
-        stamp: tuple[tuple[str, dict[str, Any]], ...] = ()
-        if failed_at is None:
-            failed_at = now
-            stamp = ((name, {"metadata": {"annotations": {FAILED_AT_ANNOTATION: now_rfc3339(now)}}}),)
         delay = backoff_seconds(failures, ft.backoff_seconds, self.settings.max_backoff_seconds)
-        restart_at = failed_at + timedelta(seconds=delay)
-        if now < restart_at:
+        restart_at, stamp = self._failed_at_plus(delay)
+        if self.obs.now < restart_at:
             # No countdown in the message: status must not change on every reconcile.
             message = (
                 f"{attempt.message}; attempt {n + 1} (restart {failures + 1} of {ft.backoff_limit}) starts at "
                 f"{now_rfc3339(restart_at)} after a {delay:g}s backoff, from the latest checkpoint"
             )
-            return self.active(RLJobPhase.RESTARTING, "BackoffWaiting", message, attempt=attempt, patch=stamp,
-                               requeue_after=max((restart_at - now).total_seconds(), 0.1))
+            return self._wait_until(restart_at, "BackoffWaiting", message, attempt, stamp)
 
         # Backoff over: the next attempt replaces the failed one.
         new = self._rayjob(n + 1)
@@ -365,12 +366,14 @@ class _Decision:
                    "the latest checkpoint")
         return self._next_attempt(new, "AttemptStarted", message, self.preemptions, restart="failure", patch=stamp)
 
-    def resume_after_preemption(self, record: dict[str, Any]) -> Plan:
-        """Attempt n stopped on SIGTERM with its checkpoint saved: attempt n+1 starts now, counted as
-        a preemption, not as a failure (no backoff, backoffLimit untouched)."""
+    def resume_after_preemption(self, record: dict[str, Any], attempt: Attempt) -> Plan:
+        """Attempt n stopped on SIGTERM with its checkpoint saved: attempt n+1 resumes from it, counted
+        as a preemption, not as a failure (backoffLimit untouched). The first preemption resumes at
+        once; each further one waits backoffSeconds x 2^(p-1) for the p-th preemption before it
+        (capped), so a job preempted again and again does not churn the cluster; past
+        faultTolerance.maxPreemptions the job is Failed."""
+        ft = self.job.spec.fault_tolerance
         count = self.preemptions + 1
-        new = self._rayjob(self.n + 1)
-        new["metadata"].setdefault("annotations", {})[PREEMPTIONS_ANNOTATION] = str(count)
         rollout = record.get("rollout")
         if "rollout" not in record:
             saved = f"its latest checkpoint (exit code {PREEMPTED_EXIT_CODE}; status.lastPreemption was not written)"
@@ -378,12 +381,46 @@ class _Decision:
             saved = "nothing (no rollout was trained yet)"
         else:
             saved = f"the checkpoint of rollout {rollout}"
+        preempted = f"RayJob {self.name} was preempted: its driver stopped on SIGTERM after saving {saved}"
+        if count > ft.max_preemptions:
+            message = (f"{preempted}; faultTolerance.maxPreemptions({ft.max_preemptions}) used up: the job was "
+                       f"preempted {count} times. Its checkpoints are kept: raise maxPreemptions and create it again "
+                       "to resume")
+            return self.finish(RLJobPhase.FAILED, PREEMPTION_LIMIT_EXCEEDED, message, attempt=attempt)
+        stamp: tuple[tuple[str, dict[str, Any]], ...] = ()
+        if self.preemptions:
+            delay = backoff_seconds(self.preemptions - 1, ft.backoff_seconds, self.settings.max_backoff_seconds)
+            restart_at, stamp = self._failed_at_plus(delay)
+            if self.obs.now < restart_at:
+                message = (f"{preempted}; attempt {self.n + 1} starts at {now_rfc3339(restart_at)} after a {delay:g}s "
+                           f"backoff (preemption {count} of at most {ft.max_preemptions}), from that checkpoint")
+                return self._wait_until(restart_at, PREEMPTION_BACKOFF, message, attempt, stamp)
+        new = self._rayjob(self.n + 1)
+        new["metadata"].setdefault("annotations", {})[PREEMPTIONS_ANNOTATION] = str(count)
         message = (
-            f"RayJob {self.name} was preempted: its driver stopped on SIGTERM after saving {saved}; started attempt "
-            f"{self.n + 1} as RayJob {new['metadata']['name']}, resuming from it (preemption {count}, not counted "
-            f"against faultTolerance.backoffLimit({self.job.spec.fault_tolerance.backoff_limit}))"
+            f"{preempted}; started attempt {self.n + 1} as RayJob {new['metadata']['name']}, resuming from it "
+            f"(preemption {count} of at most {ft.max_preemptions}, not counted against "
+            f"faultTolerance.backoffLimit({ft.backoff_limit}))"
         )
-        return self._next_attempt(new, PREEMPTED, message, count, restart="preemption")
+        return self._next_attempt(new, PREEMPTED, message, count, restart="preemption", patch=stamp)
+
+    def _failed_at_plus(self, delay: float) -> tuple[datetime, tuple[tuple[str, dict[str, Any]], ...]]:
+        """When the current attempt's restart is due, `delay` seconds after it was first seen ended
+        (stamped on its RayJob, so a restarted operator waits out the same backoff), and the stamp
+        to write when it is not there yet."""
+        now = self.obs.now
+        failed_at = _parse_time((self.current["metadata"].get("annotations") or {}).get(FAILED_AT_ANNOTATION))
+        stamp: tuple[tuple[str, dict[str, Any]], ...] = ()
+        if failed_at is None:
+            failed_at = now
+            stamp = ((self.name, {"metadata": {"annotations": {FAILED_AT_ANNOTATION: now_rfc3339(now)}}}),)
+        return failed_at + timedelta(seconds=delay), stamp
+
+    def _wait_until(self, restart_at: datetime, reason: str, message: str, attempt: Attempt,
+                    stamp: tuple[tuple[str, dict[str, Any]], ...]) -> Plan:
+        """Restarting, the next attempt due at `restart_at`."""
+        return self.active(RLJobPhase.RESTARTING, reason, message, attempt=attempt, patch=stamp,
+                           requeue_after=max((restart_at - self.obs.now).total_seconds(), 0.1))
 
     def under_kueue(self, attempt: Attempt) -> Plan:
         """A Kueue-managed RayJob, whose suspend flag the operator never writes.
@@ -442,7 +479,15 @@ class _Decision:
                       patch: tuple[tuple[str, dict[str, Any]], ...] = ()) -> Plan:
         """RayJob `new` of attempt n+1 replaces attempt n's, after its failure or preemption (`restart`)."""
         return self.active(RLJobPhase.RESTARTING, reason, message, n=self.n + 1, preemptions=preemptions,
-                           create=(new,), delete=(self.name,), patch=patch, refresh_configmap=True, restart=restart)
+                           create=self._with_attempt_objects(new), delete=(self.name,), patch=patch,
+                           refresh_configmap=True, restart=restart)
+
+    def _with_attempt_objects(self, rayjob: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+        """An attempt's RayJob after what its pods need to exist first: the job's API key and its
+        NetworkPolicy (created with every attempt, kept where they exist: the operator may create
+        Secrets but not read them, so it cannot look)."""
+        return (render.render_api_key_secret(self.ref, self.obs.new_api_key),
+                render.render_network_policy(self.ref, self.settings), rayjob)
 
     def _rayjob(self, attempt: int) -> dict[str, Any]:
         return render.render_rayjob(self.ref, self.job.spec, attempt=attempt, settings=self.settings,
@@ -555,6 +600,14 @@ def _finished(obs: Observed, job: RLJob) -> Plan:
     return Plan(status=kept, requeue_after=left)
 
 
+def refused_by_api_server(obs: Observed, kind: str, name: str, message: str) -> Plan:
+    """The API server refused to create `kind` `name` as invalid (422) while this RLJob's plan was
+    carried out: the job is Failed (InvalidSpec) with the server's message, never retried."""
+    text = (f"the API server refused {kind} {name} as invalid: {message}. The spec renders it the same way on "
+            "every try: fix the spec and create the RLJob again")
+    return _fail_permanently(obs, ("", text))
+
+
 def _fail_permanently(obs: Observed, error: tuple[str, str], *, create: tuple[dict[str, Any], ...] = (),
                       delete: tuple[str, ...] = ()) -> Plan:
     """Failed for the spec itself (InvalidSpec), after `create` and `delete` where the job had gone that far."""
@@ -598,6 +651,8 @@ def _transition_events(status: dict[str, Any], phase: RLJobPhase, message: str,
         return (Event("Normal", PREEMPTED, message),)
     if status.get("phase") == phase.value:
         return ()
+    if reason == PREEMPTION_BACKOFF:
+        return (Event("Normal", PREEMPTED, message),)
     warning = phase in (RLJobPhase.RESTARTING, RLJobPhase.FAILED)
     return (Event("Warning" if warning else "Normal", phase.value, message),)
 

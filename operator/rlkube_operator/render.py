@@ -1,5 +1,6 @@
 """RLJob -> the Kubernetes objects that run it: a KubeRay RayJob per attempt, the ConfigMap holding
-the spec the runtime reads, and the ServiceAccount/Role/RoleBinding the runtime reports status with.
+the spec the runtime reads, the ServiceAccount/Role/RoleBinding the runtime reports status with,
+the job's API key (a Secret) and the NetworkPolicy that admits only the job's own pods.
 
 Pure: dicts in, dicts out; no API calls. Every object carries an owner reference to the RLJob
 (controller, blockOwnerDeletion), so the garbage collector deletes them with it.
@@ -18,6 +19,13 @@ RayJob layout (ray.io/v1, K8sJobMode):
   and annotations on every pod, KubeRay's job-submitter pod included when one of those is set.
 - spec.queueName: the RayJob is created suspended, labelled for Kueue, which admits it by
   unsuspending it.
+- every pod (head, workers, KubeRay's submitter) passes the `restricted` Pod Security Standard: a
+  fixed non-root UID, no privilege escalation, no capabilities, seccomp RuntimeDefault, a read-only
+  root filesystem with an emptyDir at /tmp as working directory and $HOME.
+- job traffic is authenticated: Ray's own token authentication (the cluster's authOptions; KubeRay
+  makes the token), and the job's API key (RLKUBE_API_KEY, from the Secret `<name>-api-key`) that
+  the router and every engine require; the NetworkPolicy `<name>` admits only the job's own pods,
+  Prometheus to the metrics port and KubeRay's operator to the Ray dashboard.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from typing import Any
 
 import yaml
 from rlkube_runtime.spec.contract import (  # what the runtime inside the pods expects
+    API_KEY_SECRET_KEY,
     ENTRYPOINT,
+    ENV_API_KEY,
     ENV_ATTEMPT,
     ENV_METRICS_PORT,
     ENV_RLJOB_NAME,
@@ -38,14 +48,16 @@ from rlkube_runtime.spec.contract import (  # what the runtime inside the pods e
     MAX_NAME_LENGTH,
     METRICS_PORT,
     METRICS_PORT_NAME,
+    MIN_RAY_VERSION,
     ROLLOUT_RESOURCE,
     ROUTER_RESOURCE,
     SPEC_FILE,
     SPEC_MOUNT_DIR,
     TRAINER_RESOURCE,
+    WRITABLE_DIR,
 )
 from rlkube_runtime.spec import API_VERSION, KIND, RLJobSpec
-from rlkube_runtime.spec.resources import RolloutResources, TrainerResources
+from rlkube_runtime.spec.resources import RolloutResources, SecretEnvVar, TrainerResources
 
 from .settings import OperatorSettings
 
@@ -62,7 +74,10 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SPEC_VOLUME = "rlkube-spec"
 SHM_VOLUME = "rlkube-shm"
 SHM_MOUNT_DIR = "/dev/shm"
-RESERVED_VOLUMES = (SPEC_VOLUME, SHM_VOLUME)
+TMP_VOLUME = "rlkube-tmp"
+RESERVED_VOLUMES = (SPEC_VOLUME, SHM_VOLUME, TMP_VOLUME)
+# Paths rlkube mounts in every container; a user volumeMount there would collide with them.
+RESERVED_MOUNT_PATHS = (SPEC_MOUNT_DIR, WRITABLE_DIR)
 
 # A rollout pod holds whole engines and at most this many GPUs (one node of the usual GPU servers).
 MAX_GPUS_PER_ROLLOUT_POD = 8
@@ -78,9 +93,10 @@ HEAD_RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"}}
 # when a job-wide pod setting (pull secrets, priority, labels, annotations) must reach that pod too.
 SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "200Mi"}}
+RAY_DASHBOARD_PORT = 8265
 RAY_PORTS = [
     {"name": "gcs-server", "containerPort": 6379},
-    {"name": "dashboard", "containerPort": 8265},
+    {"name": "dashboard", "containerPort": RAY_DASHBOARD_PORT},
     {"name": "client", "containerPort": 10001},
     {"name": "metrics", "containerPort": 8080},
 ]
@@ -135,6 +151,14 @@ def attempt_of(rayjob: dict[str, Any]) -> int | None:
 
 def configmap_name(rljob: str) -> str:
     return f"{rljob}-spec"
+
+
+def api_key_secret_name(rljob: str) -> str:
+    return f"{rljob}-api-key"
+
+
+def network_policy_name(rljob: str) -> str:
+    return rljob
 
 
 def runtime_account_name(rljob: str) -> str:
@@ -251,6 +275,40 @@ def render_role_binding(ref: JobRef) -> dict[str, Any]:
         "metadata": _metadata(ref, name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ref.namespace}],
+    }
+
+
+# --- the job's API key and its NetworkPolicy ------------------------------------------------------
+
+
+def render_api_key_secret(ref: JobRef, key: str) -> dict[str, Any]:
+    """The job's API key (`key`, fresh random text from the controller), which the router and every
+    engine require and the runtime sends. Created with each attempt's RayJob; one that exists is
+    kept (the operator may create Secrets but never read them)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(ref, api_key_secret_name(ref.name)),
+        "type": "Opaque",
+        "stringData": {API_KEY_SECRET_KEY: key},
+    }
+
+
+def render_network_policy(ref: JobRef, settings: OperatorSettings) -> dict[str, Any]:
+    """Ingress to the job's pods from its own pods only (any port: Ray, NCCL, the engines and router),
+    plus the metrics port from Prometheus and the Ray dashboard from KubeRay's operator (it submits
+    the Ray job and follows it there). Egress is left open (model hubs, trackers). Enforced only
+    where the cluster's network plugin enforces NetworkPolicies."""
+    own = {"matchLabels": {LABEL_RLJOB: ref.name}}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": copy.deepcopy(own)}]}]
+    for peers, port in ((settings.metrics_from, RUNTIME_METRICS_PORT), (settings.dashboard_from, RAY_DASHBOARD_PORT)):
+        if peers:
+            ingress.append({"from": copy.deepcopy(list(peers)), "ports": [{"protocol": "TCP", "port": port}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(ref, network_policy_name(ref.name)),
+        "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
@@ -372,13 +430,16 @@ def render_rayjob(
         "ttlSecondsAfterFinished": 0,
         "suspend": spec.suspend or bool(spec.queue_name),
         "rayClusterSpec": {
-            "headGroupSpec": _head_group(ref, spec, attempt, head_image),
-            "workerGroupSpecs": [_worker_group(ref, spec, attempt, g) for g in groups],
+            # Ray's token authentication: KubeRay makes the token (a Secret named after the cluster)
+            # and gives it to every Ray container, the submitter and its own dashboard client, so
+            # nothing outside the job may use Ray's GCS, dashboard or job API.
+            "rayVersion": MIN_RAY_VERSION,
+            "authOptions": {"mode": "token"},
+            "headGroupSpec": _head_group(ref, spec, attempt, head_image, settings),
+            "workerGroupSpecs": [_worker_group(ref, spec, attempt, g, settings) for g in groups],
         },
+        "submitterPodTemplate": _submitter_template(ref, spec, attempt, head_image, settings),
     }
-    submitter = _submitter_template(ref, spec, attempt, head_image)
-    if submitter is not None:
-        job_spec["submitterPodTemplate"] = submitter
     if active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = max(1, int(active_deadline_seconds))
     return {
@@ -399,6 +460,13 @@ def check_volumes(spec: RLJobSpec) -> None:
                 f"{volume.get('name')!r} is reserved for rlkube's own volumes ({', '.join(RESERVED_VOLUMES)}); "
                 "pick another volume name",
             )
+    for i, mount in enumerate(res.volume_mounts):
+        if str(mount.get("mountPath", "")).rstrip("/") in RESERVED_MOUNT_PATHS:
+            raise RenderError(
+                f"spec.resources.volumeMounts[{i}].mountPath",
+                f"{mount.get('mountPath')!r} is where rlkube mounts the job's spec file and its writable /tmp "
+                f"({', '.join(RESERVED_MOUNT_PATHS)}); mount the volume elsewhere",
+            )
     if res.shared_memory_size is None:
         return
     for i, mount in enumerate(res.volume_mounts):
@@ -410,32 +478,36 @@ def check_volumes(spec: RLJobSpec) -> None:
             )
 
 
-def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, image: str) -> dict[str, Any]:
+def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, image: str, settings: OperatorSettings) -> dict[str, Any]:
     trainer = spec.resources.trainer
     container = _container(
         ref, spec, attempt, name="ray-head", image=image, resources=copy.deepcopy(HEAD_RESOURCES), role="head",
+        settings=settings,
     )
     container["ports"] = copy.deepcopy(RAY_PORTS) + [
         {"name": RUNTIME_METRICS_PORT_NAME, "containerPort": RUNTIME_METRICS_PORT}
     ]
-    if not any(e.get("name") == ENV_METRICS_PORT for e in container["env"]):
-        container["env"].append({"name": ENV_METRICS_PORT, "value": str(RUNTIME_METRICS_PORT)})
+    container["env"].append({"name": ENV_METRICS_PORT, "value": str(RUNTIME_METRICS_PORT)})
     # The head runs no GPU work; it takes the trainer's tolerations so it can share tainted GPU
     # nodes when those are all there is, but not its nodeSelector or affinity (it needs no GPU node).
-    pod = _pod_spec(ref, spec, container, node_selector={}, tolerations=trainer.tolerations, affinity={})
+    pod = _pod_spec(ref, spec, container, settings, node_selector={}, tolerations=trainer.tolerations, affinity={})
     return {
         "rayStartParams": {"num-gpus": "0"},
         "template": {"metadata": _template_metadata(ref, spec, attempt, "head"), "spec": pod},
     }
 
 
-def _worker_group(ref: JobRef, spec: RLJobSpec, attempt: int, group: WorkerGroup) -> dict[str, Any]:
+def _worker_group(
+    ref: JobRef, spec: RLJobSpec, attempt: int, group: WorkerGroup, settings: OperatorSettings
+) -> dict[str, Any]:
     pods = group.pods
     field = f"spec.resources.{group.name}.resources"
     resources = _with_gpus(pods.resources, group.gpus_per_pod, pods.gpu_resource_name, field)
-    container = _container(ref, spec, attempt, name="ray-worker", image=group.image, resources=resources, role=group.name)
+    container = _container(ref, spec, attempt, name="ray-worker", image=group.image, resources=resources,
+                           role=group.name, settings=settings)
     pod = _pod_spec(
-        ref, spec, container, node_selector=pods.node_selector, tolerations=pods.tolerations, affinity=pods.affinity
+        ref, spec, container, settings, node_selector=pods.node_selector, tolerations=pods.tolerations,
+        affinity=pods.affinity,
     )
     return {
         "groupName": group.name,
@@ -450,16 +522,59 @@ def _worker_group(ref: JobRef, spec: RLJobSpec, attempt: int, group: WorkerGroup
     }
 
 
-def _submitter_template(ref: JobRef, spec: RLJobSpec, attempt: int, image: str) -> dict[str, Any] | None:
-    """KubeRay's default submitter pod plus the job-wide pod settings; None when there are none
-    (KubeRay then makes the same pod itself). Without this a private image could not be pulled for
-    the submitter, and it would escape the job's priority and labels."""
-    res = spec.resources
-    if not (res.image_pull_secrets or res.priority_class_name or res.pod_labels or res.pod_annotations):
-        return None
-    container = {"name": SUBMITTER_CONTAINER, "image": image, "resources": copy.deepcopy(SUBMITTER_RESOURCES)}
-    pod = {"restartPolicy": "Never", "containers": [container], **_job_pod_settings(spec)}
+def _submitter_template(
+    ref: JobRef, spec: RLJobSpec, attempt: int, image: str, settings: OperatorSettings
+) -> dict[str, Any]:
+    """KubeRay's default submitter pod with the job's pod security and the job-wide pod settings.
+    KubeRay's own has no securityContext, which a namespace enforcing the restricted Pod Security
+    Standard refuses; and without the settings a private image could not be pulled for the
+    submitter, and it would escape the job's priority and labels."""
+    container = {
+        "name": SUBMITTER_CONTAINER,
+        "image": image,
+        "resources": copy.deepcopy(SUBMITTER_RESOURCES),
+        "env": [{"name": "HOME", "value": WRITABLE_DIR}],
+        "workingDir": WRITABLE_DIR,
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": WRITABLE_DIR}],
+        "securityContext": container_security_context(settings),
+    }
+    pod = {
+        "restartPolicy": "Never",
+        "securityContext": pod_security_context(settings),
+        "containers": [container],
+        "volumes": [{"name": TMP_VOLUME, "emptyDir": {}}],
+        **_job_pod_settings(spec),
+    }
     return {"metadata": _template_metadata(ref, spec, attempt, "submitter"), "spec": pod}
+
+
+def pod_security_context(settings: OperatorSettings) -> dict[str, Any]:
+    """The pod-level half of the restricted Pod Security Standard: a fixed non-root UID and GID
+    (volumes group-owned by it, so a PVC is writable), seccomp RuntimeDefault."""
+    uid = settings.run_as_user
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        # Only a volume whose root is not yet the job's group is chowned (a large PVC is not walked each start).
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context(settings: OperatorSettings) -> dict[str, Any]:
+    """The container-level half: no privilege, no escalation, every capability dropped, the root
+    filesystem read-only (the process writes to /tmp and the volumes). GPUs come from the device
+    plugin and /dev/shm from a memory emptyDir, neither of which needs a privilege. KubeRay copies
+    this into the init container it adds to worker pods."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": settings.read_only_root_filesystem,
+        "runAsNonRoot": True,
+    }
 
 
 def _template_metadata(
@@ -496,16 +611,25 @@ def _with_gpus(resources: dict[str, Any], gpus: int, gpu_resource: str, field: s
 
 
 def _container(
-    ref: JobRef, spec: RLJobSpec, attempt: int, *, name: str, image: str, resources: dict[str, Any], role: str
+    ref: JobRef, spec: RLJobSpec, attempt: int, *, name: str, image: str, resources: dict[str, Any], role: str,
+    settings: OperatorSettings,
 ) -> dict[str, Any]:
     env = [
         {"name": ENV_RLJOB_NAME, "value": ref.name},
         {"name": ENV_RLJOB_NAMESPACE, "value": ref.namespace},
         {"name": ENV_ATTEMPT, "value": str(attempt)},
         {"name": "RLKUBE_ROLE", "value": role},
+        {"name": ENV_API_KEY, "valueFrom": {"secretKeyRef": {"name": api_key_secret_name(ref.name),
+                                                              "key": API_KEY_SECRET_KEY}}},
+        # Caches (Hugging Face, Triton, torch) go under $HOME; the root filesystem is read-only.
+        {"name": "HOME", "value": WRITABLE_DIR},
     ]
     env += copy.deepcopy(spec.resources.env)
-    mounts = [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT_DIR, "readOnly": True}]
+    env += [secret_env_var(var) for var in spec.resources.secret_env]
+    mounts = [
+        {"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT_DIR, "readOnly": True},
+        {"name": TMP_VOLUME, "mountPath": WRITABLE_DIR},
+    ]
     if spec.resources.shared_memory_size is not None:
         # KubeRay adds its own /dev/shm only where none is mounted yet, so this one replaces it.
         mounts.append({"name": SHM_VOLUME, "mountPath": SHM_MOUNT_DIR})
@@ -514,30 +638,47 @@ def _container(
         "name": name,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
+        # The driver writes its output under the working directory when spec.model.save is unset.
+        "workingDir": WRITABLE_DIR,
         "env": env,
         "volumeMounts": mounts,
+        "securityContext": container_security_context(settings),
     }
     if resources:
         container["resources"] = resources
     return container
 
 
+def secret_env_var(var: SecretEnvVar) -> dict[str, Any]:
+    """One of spec.resources.secretEnv as the container's EnvVar (the admission policy has checked
+    that the RLJob's author may read the Secret)."""
+    ref = {"name": var.secret_name, "key": var.key}
+    if var.optional:
+        ref["optional"] = True
+    return {"name": var.name, "valueFrom": {"secretKeyRef": ref}}
+
+
 def _pod_spec(
     ref: JobRef,
     spec: RLJobSpec,
     container: dict[str, Any],
+    settings: OperatorSettings,
     *,
     node_selector: dict[str, str],
     tolerations: list[dict[str, Any]],
     affinity: dict[str, Any],
 ) -> dict[str, Any]:
-    volumes = [{"name": SPEC_VOLUME, "configMap": {"name": configmap_name(ref.name)}}]
+    volumes = [
+        {"name": SPEC_VOLUME, "configMap": {"name": configmap_name(ref.name)}},
+        {"name": TMP_VOLUME, "emptyDir": {}},
+    ]
     shm_size = spec.resources.shared_memory_size
     if shm_size is not None:
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}})
     volumes += copy.deepcopy(spec.resources.volumes)
     pod: dict[str, Any] = {
         "serviceAccountName": runtime_account_name(ref.name),
+        "securityContext": pod_security_context(settings),
         "containers": [container],
         "volumes": volumes,
         # On SIGTERM the runtime saves a checkpoint of everything trained before it exits.

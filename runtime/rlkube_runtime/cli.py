@@ -10,9 +10,15 @@ import sys
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from rlkube_runtime.spec.pod_policy import DEFAULT_POLICY, load_pod_policy
     from rlkube_runtime.spec.validate import validate_files
 
-    return validate_files(args.files)
+    try:
+        policy = load_pod_policy(args.policy) if args.policy else DEFAULT_POLICY
+    except ValueError as err:
+        print(f"rlkube validate: {err}", file=sys.stderr)
+        return 2
+    return validate_files(args.files, policy=policy, namespace=args.namespace)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -59,6 +65,12 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render(args: argparse.Namespace) -> int:
+    from rlkube_operator import preview
+
+    return preview.run(args)
+
+
 def _operator(args: argparse.Namespace) -> int:
     from rlkube_operator.main import run_operator
 
@@ -71,7 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="validate RLJob YAML files (one or many documents each)")
     p.add_argument("files", nargs="+")
+    p.add_argument("--policy", default=None, help="the cluster's pod policy: the chart's values file or the "
+                   "operator's policy file (default: nothing beyond the safe volumes, no Secrets but secretEnv)")
+    p.add_argument("--namespace", default=None, help="namespace of documents that name none, for the policy")
     p.set_defaults(func=_validate)
+
+    p = sub.add_parser("render", help="print every object the operator would create for RLJob files, for review "
+                       "before kubectl apply")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--attempt", type=int, default=0, help="attempt number of the RayJob (default 0)")
+    p.add_argument("--namespace", default=None, help="namespace of documents that name none (default: default)")
+    p.add_argument("--policy", default=None, help="the cluster's pod policy: the chart's values file or the "
+                   "operator's policy file (default: the operator's RLKUBE_POD_POLICY, else the default)")
+    p.set_defaults(func=_render)
 
     p = sub.add_parser("crd", help="print the RLJob CustomResourceDefinition generated from the typed spec")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")

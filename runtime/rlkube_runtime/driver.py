@@ -234,7 +234,7 @@ def _initial_model(job: RLJob, out: Path) -> str:
     if model.preset:
         raise InvalidSpec(
             f"spec.model.preset: {model.preset!r} has no built-in weights; known presets: ['tiny']. "
-            "For a named architecture give spec.model.hfCheckpoint too"
+            "For a named architecture give spec.model.hfCheckpoint instead"
         )
     raise InvalidSpec("spec.model: set hfCheckpoint (or preset: tiny); `load` alone has no architecture to start from")
 

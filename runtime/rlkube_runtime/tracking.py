@@ -69,14 +69,24 @@ def check_trackers_available(observability: ObservabilitySpec, env: Mapping[str,
     if online and env.get(ENV_RLJOB_NAME) and not env.get("WANDB_API_KEY"):
         raise TrackingError(
             "spec.observability.wandb: mode online needs WANDB_API_KEY in the pod's environment; add it to "
-            "spec.resources.env from a Secret (valueFrom.secretKeyRef), or set mode: offline"
+            "spec.resources.secretEnv from a Secret in the job's namespace, or set mode: offline"
         )
+
+
+def tracker_config(job: RLJob) -> dict[str, Any]:
+    """The spec as the trackers record it, environment variables by name only: everyone who can see
+    the run sees it (the spec refuses credentials written into it, and this keeps any other value
+    out too)."""
+    config = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    resources = config.get("resources") or {}
+    resources["env"] = [{"name": var.get("name")} for var in resources.get("env") or []]
+    return config
 
 
 def open_trackers(job: RLJob, identity: RunIdentity) -> list[Tracker]:
     """The trackers spec.observability configures (none by default), each run started."""
     observability = job.spec.observability
-    config = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    config = tracker_config(job)
     trackers: list[Tracker] = []
     try:
         if observability.wandb is not None:

@@ -155,7 +155,11 @@ def exists(cp: ControlPlane, *args: str) -> bool:
 NAMESPACED_OBJECTS = [("deployment", RELEASE), ("serviceaccount", SA), ("service", f"{RELEASE}-metrics"),
                       ("configmap", f"{RELEASE}-dashboard-rlkube-training"),
                       ("configmap", f"{RELEASE}-dashboard-rlkube-operator")]
-CLUSTER_OBJECTS = [("clusterrole", RELEASE), ("clusterrolebinding", RELEASE)]
+CLUSTER_OBJECTS = [("clusterrole", RELEASE), ("clusterrolebinding", RELEASE),
+                   ("validatingadmissionpolicy", f"{RELEASE}-rljob-reach"),
+                   ("validatingadmissionpolicybinding", f"{RELEASE}-rljob-reach"),
+                   ("validatingadmissionpolicy", f"{RELEASE}-runtime-status"),
+                   ("validatingadmissionpolicybinding", f"{RELEASE}-runtime-status")]
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +200,8 @@ def test_the_operator_service_account_may_do_what_the_operator_needs_and_no_more
                  ["get", "rljobs.rlkube.io", "--subresource=status", "-n", "x"],
                  ["create", "roles.rbac.authorization.k8s.io", "-n", "x"], ["create", "rolebindings.rbac.authorization.k8s.io", "-n", "x"],
                  ["create", "configmaps", "-n", "x"], ["create", "serviceaccounts", "-n", "x"], ["list", "pods", "-n", "x"],
-                 ["create", "events", "-n", "x"], ["watch", "customresourcedefinitions"], ["list", "namespaces"]):
+                 ["create", "events", "-n", "x"], ["watch", "customresourcedefinitions"], ["list", "namespaces"],
+                 ["create", "secrets", "-n", "x"], ["create", "networkpolicies.networking.k8s.io", "-n", "x"]):
         assert can_i(cp, *args), f"the operator's ServiceAccount may not {' '.join(args)}"
     for args in (["get", "secrets", "-n", "x"], ["list", "secrets", "--all-namespaces"], ["delete", "nodes"],
                  ["create", "pods", "-n", "x"], ["delete", "pods", "-n", "x"], ["create", "rljobs.rlkube.io", "-n", "x"],
@@ -204,7 +209,9 @@ def test_the_operator_service_account_may_do_what_the_operator_needs_and_no_more
                  ["escalate", "roles.rbac.authorization.k8s.io", "-n", "x"], ["bind", "roles.rbac.authorization.k8s.io", "-n", "x"],
                  ["create", "clusterroles"], ["create", "clusterrolebindings"], ["patch", "roles.rbac.authorization.k8s.io", "-n", "x"],
                  ["create", "customresourcedefinitions"], ["create", "serviceaccounts", "--subresource=token", "-n", "x"],
-                 ["create", "pods", "--subresource=exec", "-n", "x"], ["list", "clusterkopfpeerings.kopf.dev"]):
+                 ["create", "pods", "--subresource=exec", "-n", "x"], ["list", "clusterkopfpeerings.kopf.dev"],
+                 ["patch", "rljobs.rlkube.io", "-n", "x"], ["update", "secrets", "-n", "x"],
+                 ["get", "networkpolicies.networking.k8s.io", "-n", "x"]):
         assert not can_i(cp, *args), f"the operator's ServiceAccount may {' '.join(args)}, which it does not need"
 
 
@@ -224,7 +231,7 @@ def small_rljob(name: str) -> str:
 @pytest.mark.slow
 def test_the_operator_runs_under_the_chart_service_account_and_its_panels_get_data(release, tmp_path):
     """`rlkube operator --standalone` with a token of the chart's ServiceAccount reconciles an RLJob
-    (creating the RayJob, ConfigMap, ServiceAccount, Role and RoleBinding: the Role's grant needs no
+    (creating the RayJob, ConfigMap, ServiceAccount, Role, RoleBinding, API-key Secret and NetworkPolicy: the Role's grant needs no
     `escalate` because the ServiceAccount holds get/patch on rljobs/status), and Prometheus scraping
     its /metrics answers every operator dashboard query."""
     cp = release
@@ -246,7 +253,8 @@ def test_the_operator_runs_under_the_chart_service_account_and_its_panels_get_da
 
         cp.wait_for(started, 90, "the RLJob to reach phase Starting under the chart's ServiceAccount")
         for kind, name in (("rayjob", "chart-0"), ("configmap", "chart-spec"), ("serviceaccount", "chart-runtime"),
-                           ("role", "chart-runtime"), ("rolebinding", "chart-runtime")):
+                           ("role", "chart-runtime"), ("rolebinding", "chart-runtime"), ("secret", "chart-api-key"),
+                           ("networkpolicy", "chart")):
             assert get_or_none(cp, ns, kind, name) is not None, f"{kind} {name} was not created"
         assert "Forbidden" not in operator.log_text(), operator.log_tail()
         operator_queries = [q for q in chart.dashboard_queries() if q[0] == "rlkube-operator.json"]

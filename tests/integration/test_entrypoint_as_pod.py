@@ -138,7 +138,7 @@ class HeadPod:
         self.service_account = pod["serviceAccountName"]
 
         # Literal env values; valueFrom ones (secretKeyRef, fieldRef, ...) need the kubelet and are
-        # listed instead (this job renders none).
+        # listed instead (this job renders only the API key's).
         self.env = {e["name"]: e["value"] for e in self.container.get("env", []) if "value" in e}
         self.env_from_refs = [e["name"] for e in self.container.get("env", []) if "value" not in e]
 
@@ -298,7 +298,7 @@ def _start_attempt(cp: ControlPlane, ns: str, tmp_path: Path, save: Path, attemp
     assert pod.env["RLKUBE_ROLE"] == "head"
     ports = {p["name"]: p["containerPort"] for p in pod.container.get("ports", [])}
     assert pod.env["RLKUBE_METRICS_PORT"] == str(ports["rlkube-metrics"])
-    assert pod.env_from_refs == []  # nothing from secrets or the downward API in this job
+    assert pod.env_from_refs == ["RLKUBE_API_KEY"]  # the job's API key, from its Secret; nothing else
     assert pod.service_account == f"{NAME}-runtime"
     spec_file = yaml.safe_load((pod.mounts["/etc/rlkube"] / "rljob.yaml").read_text())
     assert (spec_file["metadata"]["name"], spec_file["metadata"]["namespace"]) == (NAME, ns)

@@ -43,7 +43,7 @@ CHILDREN = (("configmap", "{}-spec"), ("serviceaccount", "{}-runtime"), ("role",
 
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-HF_TOKEN_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": True}}}
+HF_TOKEN_ENV = {"name": "HF_TOKEN", "secretName": "hf", "key": "token", "optional": True}
 
 
 def rljob_yaml(name: str, *, placement: str = "colocated", **spec_extra) -> str:
@@ -55,7 +55,7 @@ def rljob_yaml(name: str, *, placement: str = "colocated", **spec_extra) -> str:
             "placement": "separate",
             "trainer": {"nodes": 1, "gpusPerNode": 4, "tolerations": [GPU_TOLERATION]},
             "rollout": {"gpus": 4},
-            "env": [HF_TOKEN_ENV],
+            "secretEnv": [HF_TOKEN_ENV],
             "volumes": [{"name": "ckpt", "emptyDir": {}}],
             "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
         },
@@ -220,7 +220,7 @@ def test_fields_a_running_job_depends_on_cannot_change_but_others_can(crd_instal
     assert apply_file(cp, tmp_path / "job.yaml", rljob_yaml("fixed"), ns).returncode == 0
     for patch, field in [
         ({"rollout": {"batchSize": 8, "nSamplesPerPrompt": 2}, "training": {"globalBatchSize": 16}}, "spec.rollout.batchSize"),
-        ({"model": {"preset": "tiny", "hfCheckpoint": "/other"}}, "spec.model"),
+        ({"model": {"preset": "tiny", "save": "/other"}}, "spec.model"),
         ({"resources": {"placement": "separate"}}, "spec.resources.placement"),
     ]:
         proc = cp.kubectl("-n", ns, "patch", "rljob", "fixed", "--type", "merge", "-p", json.dumps({"spec": patch}),

@@ -84,6 +84,10 @@ def one(docs: list[dict], kind: str) -> dict:
     return found[0]
 
 
+def dashboard_configmaps(docs: list[dict]) -> list[dict]:
+    return [cm for cm in by_kind(docs, "ConfigMap") if "grafana_dashboard" in cm["metadata"]["labels"]]
+
+
 def dashboards() -> dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in sorted((CHART / "dashboards").glob("*.json"))}
 
@@ -153,12 +157,14 @@ def test_the_chart_ships_a_current_copy_of_the_crd():
     )
 
 
-def test_defaults_install_the_crd_rbac_operator_metrics_service_and_dashboards_only():
+def test_defaults_install_the_crd_rbac_admission_policies_operator_metrics_service_and_dashboards_only():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                            "Deployment", "Service", "ConfigMap", "ConfigMap"]), kinds
-    assert {d["metadata"]["labels"]["grafana_dashboard"] for d in by_kind(docs, "ConfigMap")} == {"1"}
+                            "Deployment", "Service", "ConfigMap", "ConfigMap", "ConfigMap",
+                            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy",
+                            "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding"]), kinds
+    assert {d["metadata"]["labels"]["grafana_dashboard"] for d in dashboard_configmaps(docs)} == {"1"}
 
 
 def test_all_optional_parts_render_as_prometheus_operator_objects():
@@ -210,15 +216,17 @@ def test_a_watched_namespace_is_passed_and_scheduling_values_reach_the_pod():
 
 # operator/README.md, "Permissions the operator needs": (apiGroup, resource) -> verbs.
 NAMESPACED_GRANTS = {
-    ("rlkube.io", "rljobs"): {"get", "list", "watch", "patch", "delete"},
+    ("rlkube.io", "rljobs"): {"get", "list", "watch", "delete"},
     ("rlkube.io", "rljobs/status"): {"get", "patch"},
-    ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("ray.io", "rayjobs"): {"list", "watch", "create", "patch", "delete"},
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "serviceaccounts"): {"get", "create"},
+    ("", "secrets"): {"create"},
     ("", "pods"): {"list"},
-    ("", "events"): {"create", "patch"},
+    ("", "events"): {"create"},
     ("rbac.authorization.k8s.io", "roles"): {"get", "create"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create"},
+    ("networking.k8s.io", "networkpolicies"): {"create"},
 }
 KOPF_CLUSTER_GRANTS = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
@@ -273,7 +281,7 @@ def test_dashboards_cover_every_exported_series_and_use_no_other():
 def test_dashboard_configmaps_carry_the_json_files_unchanged():
     docs = render()
     shipped = {}
-    for cm in by_kind(docs, "ConfigMap"):
+    for cm in dashboard_configmaps(docs):
         shipped.update(cm["data"])
     assert {k: json.loads(v) for k, v in shipped.items()} == dashboards()
     for dash in dashboards().values():
@@ -360,3 +368,79 @@ def test_restart_alert_counts_failures_not_preemptions(tmp_path):
                                              "exp_annotations": {"summary": "RLJob attempts were restarted 2 "
                                                                             "times in the last hour."}}]}],
     }])
+
+
+# --- the admission policies and the operator's pod policy ------------------------------------------
+
+
+def _policy(docs: list[dict], suffix: str) -> dict:
+    [policy] = [d for d in by_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith(suffix)]
+    return policy
+
+
+def _variable(policy: dict, name: str) -> str:
+    return next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == name)
+
+
+def test_the_admission_policy_refuses_the_sglang_and_router_flags_the_spec_refuses():
+    # The CEL map literal of flag -> what sets it, read back with Python's own literal parser.
+    import ast
+
+    from rlkube_runtime.spec.rollout import _SGLANG_FLAG_ALIASES, MANAGED_ROUTER_FLAGS, MANAGED_SGLANG_FLAGS
+
+    policy = _policy(render(), "-rljob-reach")
+    sglang = ast.literal_eval(_variable(policy, "managedSglangFlags"))
+    router = ast.literal_eval(_variable(policy, "managedRouterFlags"))
+    aliases = {alias: MANAGED_SGLANG_FLAGS[flag] for alias, flag in _SGLANG_FLAG_ALIASES.items()}
+    assert sglang == {**MANAGED_SGLANG_FLAGS, **aliases}
+    assert router == MANAGED_ROUTER_FLAGS
+
+
+def test_the_runtime_status_policy_leaves_the_runtime_exactly_its_own_fields():
+    import ast
+
+    from rlkube_runtime.spec.contract import RUNTIME_STATUS_FIELDS
+
+    policy = _policy(render(), "-runtime-status")
+    fields = ast.literal_eval(_variable(policy, "runtimeFields"))
+    # restarts is shared: the policy lets the runtime change restarts.engine only.
+    assert sorted(fields) == sorted({f.split(".")[0] for f in RUNTIME_STATUS_FIELDS})
+    assert [f for f in RUNTIME_STATUS_FIELDS if "." in f] == ["restarts.engine"]
+    match = policy["spec"]["matchConditions"][0]["expression"]
+    assert "'-runtime'" in match and "system:serviceaccount:" in match
+
+
+def test_the_operator_reads_the_same_pod_policy_the_admission_policy_enforces(tmp_path):
+    from rlkube_runtime.spec.pod_policy import load_pod_policy
+
+    sets = ["podPolicy.default.volumeTypes={nfs}", "podPolicy.namespaces.team-a.secretNames={hf}",
+            "podPolicy.namespaces.team-a.imageRegistries={reg.example.com/a/}"]
+    docs = render(*sets)
+    [configmap] = [cm for cm in by_kind(docs, "ConfigMap") if cm["metadata"]["name"].endswith("-pod-policy")]
+    path = tmp_path / "pod-policy.yaml"
+    path.write_text(configmap["data"]["pod-policy.yaml"])
+    policy = load_pod_policy(path)
+    team_a, other = policy.allowance("team-a"), policy.allowance("other")
+    # A namespace's entry replaces the default's value of each field it sets, and keeps the rest.
+    assert (team_a.volume_types, team_a.secret_names, team_a.image_registries) == (["nfs"], ["hf"], ["reg.example.com/a/"])
+    assert (other.volume_types, other.secret_names, other.image_registries) == (["nfs"], [], [])
+    # The admission policy's literal says the same.
+    allowance = _variable(_policy(docs, "-rljob-reach"), "allowance")
+    assert ('{"team-a":{"imageRegistries":["reg.example.com/a/"],"secretNames":["hf"],"volumeTypes":["nfs"]}}'
+            in allowance)
+    assert allowance.endswith('{"imageRegistries":[],"secretNames":[],"volumeTypes":["nfs"]}')
+    deployment = one(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLKUBE_POD_POLICY"] == "/etc/rlkube-operator/pod-policy.yaml"
+
+
+def test_the_network_policy_peers_of_the_values_are_the_operators_defaults():
+    from rlkube_operator.settings import OperatorSettings
+
+    deployment = one(render(), "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env.pop("RLKUBE_POD_POLICY")  # a file in the pod (test_the_operator_reads_the_same_pod_policy_...)
+    settings = OperatorSettings.from_env(env)
+    assert settings.metrics_from == OperatorSettings().metrics_from
+    assert settings.dashboard_from == OperatorSettings().dashboard_from
+    assert (settings.run_as_user, settings.read_only_root_filesystem) == (1000, True)

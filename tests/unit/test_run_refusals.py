@@ -50,7 +50,7 @@ def test_a_spec_refused_at_start_is_reported_for_the_operator(tmp_path, reporter
     assert _run(tmp_path, JOB) == 2
     expected = (
         "spec.model.preset: 'qwen3-4b' has no built-in weights; known presets: ['tiny']. For a named architecture "
-        "give spec.model.hfCheckpoint too"
+        "give spec.model.hfCheckpoint instead"
     )
     assert reporter.refusals == [expected]
     assert f"rlkube run: {expected}" in capsys.readouterr().err

@@ -174,7 +174,7 @@ def test_a_local_run_is_identified_by_its_job_and_output_directory(tmp_path):
 
 def test_an_online_wandb_run_in_a_pod_without_its_api_key_is_refused_naming_the_fields():
     job = _job({"wandb": {"project": "p"}})
-    with pytest.raises(TrackingError, match=r"spec\.observability\.wandb: mode online needs WANDB_API_KEY.*spec\.resources\.env"):
+    with pytest.raises(TrackingError, match=r"spec\.observability\.wandb: mode online needs WANDB_API_KEY.*spec\.resources\.secretEnv"):
         check_trackers_available(job.spec.observability, env={"RLKUBE_RLJOB_NAME": "x"})
     check_trackers_available(job.spec.observability, env={"RLKUBE_RLJOB_NAME": "x", "WANDB_API_KEY": "k"})
     check_trackers_available(job.spec.observability, env={})  # locally `wandb login` may hold the key
@@ -201,3 +201,15 @@ def test_a_tracker_that_fails_to_log_does_not_stop_the_other_sinks(tmp_path):
     logger.close()
     assert [json.loads(line)["rollout/raw_reward"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0.5, 0.75]
     assert Down.closed
+
+
+def test_the_trackers_record_the_spec_with_environment_variables_by_name_only():
+    from rlkube_runtime.spec import RLJob
+    from rlkube_runtime.tracking import tracker_config
+
+    job = _job({})
+    spec = job.model_dump(mode="json", by_alias=True)["spec"]
+    spec["resources"]["env"] = [{"name": "SEARCH_URL", "value": "http://retriever:8000"}]
+    config = tracker_config(RLJob.model_validate({**job.model_dump(mode="json", by_alias=True), "spec": spec}))
+    assert config["resources"]["env"] == [{"name": "SEARCH_URL"}]
+    assert config["training"] == spec["training"]

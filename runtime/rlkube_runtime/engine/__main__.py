@@ -52,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         "--trust-remote-code", action="store_true",
         help="run the Python code the checkpoint ships (its model or tokenizer classes); only for checkpoints you trust",
     )
+    parser.add_argument(
+        "--api-key", default=None,
+        help="require 'Authorization: Bearer KEY' of every request but /health* and /metrics (as SGLang's --api-key)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.num_threads is not None:
@@ -80,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         mem_fraction_static=args.mem_fraction_static,
         max_total_tokens=args.max_total_tokens,
         trust_remote_code=args.trust_remote_code,
+        api_key=args.api_key or None,
     )
 
 
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     # A short shutdown grace: the router holds keep-alive connections open, and a stopping engine
     # has already answered or aborted every request.
     web.run_app(
-        build_app(engine), host=config.host, port=config.port, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
+        build_app(engine, api_key=config.api_key), host=config.host, port=config.port, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
     )
 
 

@@ -53,6 +53,7 @@ class EngineConfig:
     mem_fraction_static: float = 0.8
     max_total_tokens: int | None = None  # KV cache slots at most (default: what the memory share allows)
     trust_remote_code: bool = False  # run the checkpoint's own model/tokenizer code
+    api_key: str | None = None  # required of every request but health and metrics (SGLang's --api-key)
 
 
 class Engine:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 
@@ -148,9 +149,28 @@ async def error_envelope_middleware(request: web.Request, handler):
         return web.json_response(error_envelope(f"{type(err).__name__}: {err}", status=500), status=500)
 
 
-def build_app(engine: Engine) -> web.Application:
-    """The aiohttp application; the engine's scheduler starts and stops with it."""
-    app = web.Application(middlewares=[error_envelope_middleware], client_max_size=2**31)
+def require_api_key(api_key: str):
+    """SGLang's rule (sglang/srt/utils/auth.py): with an API key set, every request needs
+    `Authorization: Bearer <key>` but OPTIONS and /health*, /metrics* (probes and scrapes), which
+    answer without one; others get 401."""
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        open_path = request.path.startswith(("/health", "/metrics"))
+        given = request.headers.get("Authorization", "").encode()
+        if request.method == "OPTIONS" or open_path or hmac.compare_digest(given, expected):
+            return await handler(request)
+        return web.json_response({"error": "Unauthorized"}, status=401)
+
+    return middleware
+
+
+def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
+    """The aiohttp application; the engine's scheduler starts and stops with it. With `api_key`,
+    requests without it are refused (require_api_key)."""
+    middlewares = [require_api_key(api_key)] if api_key else []
+    app = web.Application(middlewares=[*middlewares, error_envelope_middleware], client_max_size=2**31)
     app[ENGINE_KEY] = engine
     app.add_routes(routes)
 

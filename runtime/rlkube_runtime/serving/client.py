@@ -8,7 +8,8 @@ servers and the built-in engine, because both speak SGLang's HTTP protocol.
 Both keep one pooled `aiohttp.ClientSession` (created on first use, inside the running loop),
 retry connection errors and 5xx answers with exponential backoff, and raise `EngineHTTPError`
 (with the server's message) for 4xx answers, which retrying cannot fix. Use them as async
-context managers or call `close()`.
+context managers or call `close()`. Both send the job's API key (serving/auth.py), which the
+router and engines of a job on Kubernetes require.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
+from rlkube_runtime.serving.auth import auth_headers, job_api_key
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 GenerateResponse = dict[str, Any]
@@ -53,8 +55,11 @@ def _retryable(error: BaseException) -> bool:
 class _HTTP:
     """The shared session, timeouts and retry policy of both clients."""
 
-    def __init__(self, base_url: str, *, timeout_s: float, connect_timeout_s: float, max_attempts: int, max_connections: int):
+    def __init__(self, base_url: str, *, timeout_s: float, connect_timeout_s: float, max_attempts: int, max_connections: int,
+                 api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
+        # The job's key (RLKUBE_API_KEY unless given): the router and engines refuse requests without it.
+        self._headers = auth_headers(api_key if api_key is not None else job_api_key())
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._max_attempts = max_attempts
         self._max_connections = max_connections
@@ -90,7 +95,7 @@ class _HTTP:
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self._max_connections)
-            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector, headers=self._headers)
         return self._session
 
     async def close(self) -> None:
@@ -116,10 +121,11 @@ class RolloutClient:
         connect_timeout_s: float = 10.0,
         max_attempts: int = 5,
         max_connections: int = 1024,
+        api_key: str | None = None,
     ):
         self._http = _HTTP(
             base_url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, max_attempts=max_attempts,
-            max_connections=max_connections,
+            max_connections=max_connections, api_key=api_key,
         )
 
     @property
@@ -189,8 +195,10 @@ class EngineAdmin:
     `get_weight_version()` to confirm.
     """
 
-    def __init__(self, url: str, *, timeout: float = 600.0, connect_timeout_s: float = 10.0, max_attempts: int = 3):
-        self._http = _HTTP(url, timeout_s=timeout, connect_timeout_s=connect_timeout_s, max_attempts=max_attempts, max_connections=16)
+    def __init__(self, url: str, *, timeout: float = 600.0, connect_timeout_s: float = 10.0, max_attempts: int = 3,
+                 api_key: str | None = None):
+        self._http = _HTTP(url, timeout_s=timeout, connect_timeout_s=connect_timeout_s, max_attempts=max_attempts,
+                           max_connections=16, api_key=api_key)
 
     @property
     def url(self) -> str:

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlkube_runtime.node_network import socket_ifname_env
+from rlkube_runtime.serving.auth import auth_headers, job_api_key, redacted
 from rlkube_runtime.serving.sglang_args import (
     ArgValue,
     EngineNode,
@@ -79,6 +80,7 @@ class EngineLaunchSpec:
     gpu_ids: tuple[int, ...] = ()
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     startup_timeout_s: float = 600.0
+    api_key: str | None = None  # the job's API key, required of every caller (engine_launch_spec: RLKUBE_API_KEY)
 
 
 class ManagedProcess:
@@ -89,7 +91,7 @@ class ManagedProcess:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            log.write(f"$ {' '.join(command)}\n".encode())
+            log.write(f"$ {' '.join(redacted(command))}\n".encode())
             log.flush()
             self.popen = subprocess.Popen(
                 command,
@@ -136,7 +138,8 @@ class ManagedProcess:
         self._finalizer.detach()
 
     def wait_until_ready(
-        self, url: str, path: str, timeout_s: float, what: str, *, method: str = "GET", request_timeout_s: float = 2.0
+        self, url: str, path: str, timeout_s: float, what: str, *, method: str = "GET", request_timeout_s: float = 2.0,
+        api_key: str | None = None,
     ) -> None:
         """Poll `url + path` until it answers 200; fail fast, quoting the log, if the process dies."""
         deadline = time.monotonic() + timeout_s
@@ -148,7 +151,7 @@ class ManagedProcess:
                     f"last lines of {self.log_path}:\n{self.log_tail()}"
                 )
             with contextlib.suppress(OSError, urllib.error.URLError):
-                status, body = http_request(method, url + path, timeout_s=request_timeout_s)
+                status, body = http_request(method, url + path, timeout_s=request_timeout_s, api_key=api_key)
                 if status == 200:
                     return
                 last = f"HTTP {status}: {body[:200].decode(errors='replace')}"
@@ -185,9 +188,11 @@ class EngineProcess(ManagedProcess):
         deadline = time.monotonic() + self.spec.startup_timeout_s
         # A generation can take seconds on a loaded GPU: a short per-request timeout would only
         # make the poll give up on answers that were coming.
-        self.wait_until_ready(self.url, "/health_generate", self.spec.startup_timeout_s, what, request_timeout_s=30.0)
+        self.wait_until_ready(self.url, "/health_generate", self.spec.startup_timeout_s, what, request_timeout_s=30.0,
+                              api_key=self.spec.api_key)
         remaining = max(deadline - time.monotonic(), 10.0)
-        self.wait_until_ready(self.url, "/flush_cache", remaining, what, method="POST", request_timeout_s=30.0)
+        self.wait_until_ready(self.url, "/flush_cache", remaining, what, method="POST", request_timeout_s=30.0,
+                              api_key=self.spec.api_key)
         return self
 
     def restart(self, *, name: str | None = None) -> EngineProcess:
@@ -233,6 +238,8 @@ def builtin_engine_command(spec: EngineLaunchSpec, port: int) -> list[str]:
     extra = dict(spec.engine_args)
     if spec.trust_remote_code:
         extra["trust-remote-code"] = True
+    if spec.api_key:
+        extra["api-key"] = spec.api_key
     if spec.dtype is not None:
         extra = {"dtype": spec.dtype, **{k: v for k, v in extra.items() if flag_name(k) != "dtype"}}
     return base + cli_flags(extra)
@@ -253,6 +260,7 @@ def sglang_config(spec: EngineLaunchSpec, port: int, nccl_port: int | None = Non
         node=spec.node,
         base_gpu_id=spec.base_gpu_id,
         user_args=dict(spec.engine_args),
+        api_key=spec.api_key,
     )
 
 
@@ -275,6 +283,7 @@ def start_engine(
     gpu_ids: Sequence[int] = (),
     env: Mapping[str, str] | None = None,
     startup_timeout_s: float = 600.0,
+    api_key: str | None = None,  # None: the job's (RLKUBE_API_KEY), if any
 ) -> EngineProcess:
     """Start one engine and return once it is ready (`EngineProcess.wait_ready`).
 
@@ -320,6 +329,7 @@ class RouterProcess:
         prometheus_port: int | None = None,
         router_args: Mapping[str, ArgValue] | None = None,
         startup_timeout_s: float = 60.0,
+        api_key: str | None = None,
     ):
         self.initial_workers = list(worker_urls)
         self.log_path = pathlib.Path(log_dir) / "router.log"
@@ -329,6 +339,8 @@ class RouterProcess:
         self.prometheus_port = prometheus_port or free_port(host)
         self.router_args = dict(router_args or {})
         self.startup_timeout_s = startup_timeout_s
+        # Required of every caller but health checks, and passed on to the engines (theirs too).
+        self.api_key = api_key if api_key is not None else job_api_key()
         self.url = f"http://{host}:{self.port}"
         self._process: ManagedProcess | None = None
 
@@ -340,12 +352,15 @@ class RouterProcess:
         if self.model_path and pathlib.Path(self.model_path).exists():
             # A local path only: given a hub name the router would try to download a tokenizer.
             command += ["--model-path", self.model_path]
+        if self.api_key:
+            command += ["--api-key", self.api_key]
         return command + cli_flags(self.router_args)
 
     def start(self) -> RouterProcess:
         """Start the router and wait until it answers and every initial worker is healthy in it."""
         self._process = ManagedProcess(self.command(), log_path=self.log_path)
-        self._process.wait_until_ready(self.url, "/workers", self.startup_timeout_s, "sglang-router")
+        self._process.wait_until_ready(self.url, "/workers", self.startup_timeout_s, "sglang-router",
+                                       api_key=self.api_key)
         for url in self.initial_workers:
             self._wait_for(lambda url=url: self._find(url, healthy=True) is not None, f"worker {url} to become healthy")
         return self
@@ -363,13 +378,13 @@ class RouterProcess:
 
     def workers(self) -> list[dict[str, Any]]:
         """`GET /workers`: each worker's id, url, is_healthy, load and metadata."""
-        status, body = http_request("GET", f"{self.url}/workers")
+        status, body = http_request("GET", f"{self.url}/workers", api_key=self.api_key)
         _expect(status, body, 200, "GET /workers")
         return json.loads(body)["workers"]
 
     def add_worker(self, url: str, *, wait: bool = True) -> None:
         """Register `url`; with `wait`, return once the router lists it as healthy."""
-        status, body = http_request("POST", f"{self.url}/workers", {"url": url})
+        status, body = http_request("POST", f"{self.url}/workers", {"url": url}, api_key=self.api_key)
         _expect(status, body, (200, 201, 202), f"POST /workers {url}")
         if wait:
             self._wait_for(lambda: self._find(url, healthy=True) is not None, f"worker {url} to be added")
@@ -379,7 +394,7 @@ class RouterProcess:
         worker = self._find(url)
         if worker is None:
             return False
-        status, body = http_request("DELETE", f"{self.url}/workers/{worker['id']}")
+        status, body = http_request("DELETE", f"{self.url}/workers/{worker['id']}", api_key=self.api_key)
         _expect(status, body, (200, 202, 204), f"DELETE /workers/{worker['id']} ({url})")
         if wait:
             self._wait_for(lambda: self._find(url) is None, f"worker {url} to be removed")
@@ -432,10 +447,12 @@ def _other_free_port(host: str, taken: int) -> int:
             return port
 
 
-def http_request(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, bytes]:
+def http_request(method: str, url: str, body: Any = None, timeout_s: float = 10.0,
+                 api_key: str | None = None) -> tuple[int, bytes]:
     """A small blocking JSON request (the launcher runs outside any event loop)."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **auth_headers(api_key)}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read()
@@ -462,6 +479,7 @@ def engine_launch_spec(options: Mapping[str, Any]) -> EngineLaunchSpec:
     values["engine_args"] = {**engine_args, **sglang_args}
     values["gpu_ids"] = tuple(options.get("gpu_ids") or ())
     values["env"] = dict(options.get("env") or {})
+    values.setdefault("api_key", job_api_key())
     return EngineLaunchSpec(**values)
 
 

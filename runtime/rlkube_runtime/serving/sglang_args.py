@@ -67,6 +67,7 @@ class SGLangServerConfig:
     node: EngineNode = EngineNode()
     base_gpu_id: int | None = None  # None: the first GPU the process sees (CUDA_VISIBLE_DEVICES is narrowed)
     user_args: Mapping[str, ArgValue] = dataclasses.field(default_factory=dict)  # rollout.sglangArgs
+    api_key: str | None = None  # the job's API key (RLKUBE_API_KEY): required of every caller but health checks
 
 
 def sglang_server_args(config: SGLangServerConfig) -> list[str]:
@@ -94,6 +95,8 @@ def derived_flags(config: SGLangServerConfig) -> dict[str, ArgValue]:
         # Readiness is /health_generate (a real one-token generation) followed by /flush_cache;
         # SGLang's own warm-up only delays start-up and can time out on a large model.
         "skip-server-warmup": True,
+        # Generation and every weight and admin endpoint then need `Authorization: Bearer <key>`.
+        "api-key": config.api_key,
     }
     if config.colocated:
         # Colocated engines hand their GPU memory to the trainer between rollouts

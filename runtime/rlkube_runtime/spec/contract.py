@@ -25,6 +25,15 @@ ENV_RLJOB_NAME = "RLKUBE_RLJOB_NAME"  # which RLJob the runtime reports status t
 ENV_RLJOB_NAMESPACE = "RLKUBE_RLJOB_NAMESPACE"
 ENV_METRICS_PORT = "RLKUBE_METRICS_PORT"  # where the driver serves its Prometheus series
 ENV_ATTEMPT = "RLKUBE_ATTEMPT"  # the attempt number n of RayJob `<name>-n` (status.lastPreemption.attempt)
+# The job's API key, from the Secret the operator generates for each RLJob (API_KEY_SECRET_KEY in
+# it): the router and every engine require it (`Authorization: Bearer <key>`) for generation and
+# every weight and admin endpoint, and the runtime's clients send it. Unset (a local run): no key.
+ENV_API_KEY = "RLKUBE_API_KEY"
+API_KEY_SECRET_KEY = "api-key"
+
+# Ray token authentication (KubeRay's RayCluster authOptions, mode token) needs Ray 2.52 or later in
+# the images; KubeRay refuses the cluster unless rayVersion says so.
+MIN_RAY_VERSION = "2.52.0"
 
 # `rlkube run`'s exit status when it stopped on SIGTERM after saving every trained rollout (128 +
 # SIGTERM, as a shell reports a process SIGTERM ended). Ray's job server puts it in the RayJob's
@@ -34,6 +43,14 @@ PREEMPTED_EXIT_CODE = 143
 # The head pod serves the training metrics on this port, named for the chart's PodMonitor.
 METRICS_PORT = 9464
 METRICS_PORT_NAME = "rlkube-metrics"
+
+# The non-root user and group every process of a job runs as (the pods' runAsUser/runAsGroup; the
+# trainer and rollout images create this user, so a pod that runs as it finds its home and name).
+RUN_AS_USER = 1000
+# What the pods may write to, their root filesystem being read-only: an emptyDir here, which is
+# also the working directory and $HOME (Ray's session files, compiler and model caches, a run's
+# output when spec.model.save is unset).
+WRITABLE_DIR = "/tmp"
 
 # The RLJob's spec, as a file from its ConfigMap, and the command that runs it on the head pod.
 SPEC_MOUNT_DIR = "/etc/rlkube"

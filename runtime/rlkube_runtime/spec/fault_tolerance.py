@@ -45,5 +45,14 @@ class FaultToleranceSpec(SpecModel):
     backoff_seconds: float = Field(
         default=10,
         ge=0,
-        description="Delay before the first retry of a failed attempt; doubles with each further retry. Default 10, >= 0.",
+        description="Delay before the first retry of a failed attempt; doubles with each further retry. The same "
+        "delay, doubling, comes before every preemption's resume but the first. Default 10, >= 0.",
+    )
+    max_preemptions: int = Field(
+        default=10,
+        ge=0,
+        description="Preemptions (SIGTERM: a node drain, a higher-priority job, Kueue) the job is resumed after; the "
+        "next one fails it (reason PreemptionLimitExceeded, checkpoints kept). The first resume is immediate, each "
+        "further one waits backoffSeconds x 2^(preemptions before it - 1), capped by the operator. Raise it on a "
+        "cluster that preempts often. Default 10, >= 0.",
     )

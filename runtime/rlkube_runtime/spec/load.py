@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .base import API_VERSION, CROSS_FIELD_ERROR, KIND
+from .pod_policy import PodAllowance, pod_policy_violations
 from .rljob import RLJob
 
 ErrorList = list[tuple[str, str]]
@@ -116,8 +117,12 @@ def document_name(doc: Any) -> str | None:
     return None
 
 
-def parse_rljob(doc: Any) -> RLJob:
-    """Validate one object (as parsed from YAML or JSON) as an RLJob; raises SpecError."""
+def parse_rljob(doc: Any, *, pod_policy: PodAllowance | None = None) -> RLJob:
+    """Validate one object (as parsed from YAML or JSON) as an RLJob; raises SpecError.
+
+    `pod_policy`: also refuse what the job's pods would reach beyond it (see pod_policy.py), as the
+    cluster's admin allows it in the job's namespace; None (what `rlkube run` passes, which makes
+    no pods): no such check."""
     if not isinstance(doc, dict):
         raise SpecError([("", f"expected an RLJob object (a mapping), got {_kind_of(doc)}")])
     envelope = _envelope_errors(doc)
@@ -125,9 +130,14 @@ def parse_rljob(doc: Any) -> RLJob:
         # A different kind of object: its spec would only add noise.
         raise SpecError(envelope)
     try:
-        return _validate_by_alias(doc)
+        job = _validate_by_alias(doc)
     except ValidationError as exc:
         raise SpecError(validation_errors(exc)) from None
+    if pod_policy is not None:
+        violations = pod_policy_violations(job.spec, pod_policy)
+        if violations:
+            raise SpecError([(f"spec.{path}", message) for path, message in violations])
+    return job
 
 
 def _validate_by_alias(doc: dict[str, Any]) -> RLJob:

@@ -9,6 +9,10 @@ from pydantic import Field, model_validator
 from .base import ScalarMap, SpecModel, cel_rules, cross_field_error
 
 _NO_WEIGHTS = "set at least one of hfCheckpoint, preset or load: the job needs starting weights"
+_PRESET_AND_CHECKPOINT = (
+    "preset and hfCheckpoint both give the starting weights and architecture; set one: hfCheckpoint to load a "
+    "checkpoint, preset: tiny for the built-in tiny model"
+)
 # Nothing quantizes the weights a sync sends, so fp8 would silently serve bf16.
 FP8_ROLLOUT_MESSAGE = (
     "fp8 is not implemented (weight syncs send the engines bf16 weights and nothing quantizes them); use bf16"
@@ -23,6 +27,8 @@ class ModelSpec(SpecModel):
 
     model_config = cel_rules(
         {"rule": "has(self.hfCheckpoint) || has(self.preset) || has(self.load)", "message": _NO_WEIGHTS},
+        {"rule": "!has(self.hfCheckpoint) || !has(self.preset)", "message": _PRESET_AND_CHECKPOINT,
+         "fieldPath": ".preset"},
         {
             "rule": "!has(self.rolloutDtype) || self.rolloutDtype != 'fp8'",
             "message": FP8_ROLLOUT_MESSAGE,
@@ -53,8 +59,8 @@ class ModelSpec(SpecModel):
     preset: Optional[str] = Field(
         default=None,
         min_length=1,
-        description="Built-in architecture: 'tiny' is the project's tiny model (CPU-friendly, randomly "
-        "initialised), or a named architecture (e.g. 'qwen3-4b') whose Megatron arguments are filled in.",
+        description="Built-in model: 'tiny' is the project's tiny model (CPU-friendly, randomly initialised, "
+        "nothing downloaded). Cannot be combined with hfCheckpoint, which gives a checkpoint's own architecture.",
     )
     megatron_args: ScalarMap = Field(
         default_factory=dict,
@@ -82,6 +88,8 @@ class ModelSpec(SpecModel):
         violations = []
         if self.hf_checkpoint is None and self.preset is None and self.load is None:
             violations.append(("", _NO_WEIGHTS))
+        if self.hf_checkpoint is not None and self.preset is not None:
+            violations.append(("preset", _PRESET_AND_CHECKPOINT))
         if self.rollout_dtype == "fp8":
             violations.append(("rolloutDtype", FP8_ROLLOUT_MESSAGE))
         if violations:

@@ -88,6 +88,18 @@ ObjectName = Annotated[
 ]
 """The name of another Kubernetes object (a PriorityClass, a Secret): a DNS-1123 subdomain."""
 
+def _check_label_value(value: str) -> str:
+    if len(value) > _NAME_MAX or not _LABEL_VALUE_RE.match(value):
+        raise ValueError(
+            f"must be a label value: at most {_NAME_MAX} letters, digits, '-', '_' and '.', alphanumeric at both ends, "
+            f"got {value!r}"
+        )
+    return value
+
+
+LabelValue = Annotated[str, AfterValidator(_check_label_value), Field(json_schema_extra={"pattern": LABEL_VALUE_PATTERN})]
+"""A Kubernetes label value (the operator puts it on the objects it creates)."""
+
 MemoryQuantity = Annotated[
     str, AfterValidator(_check_quantity), Field(json_schema_extra={"pattern": POSITIVE_QUANTITY_PATTERN})
 ]
@@ -262,6 +274,57 @@ class LocalObjectReference(SpecModel):
     name: ObjectName = Field(description="Name of the Secret. Required.")
 
 
+# Environment variables rlkube and Ray set in the job's pods themselves (the RLJob, attempt and role;
+# Ray's token authentication, which KubeRay sets): a user value would silently change them.
+RESERVED_ENV_PREFIXES = ("RLKUBE_", "RAY_")
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_ENV_NAME_RE = re.compile(ENV_NAME_PATTERN)
+MAX_SECRET_ENV = 32
+
+
+# A variable with one of these names holds a credential: its value must come from a Secret, since a
+# value written in the spec is stored in the RLJob, its spec ConfigMap and the trackers' config.
+CREDENTIAL_ENV_PATTERN = r"(^|_)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|CREDENTIALS)$"
+_CREDENTIAL_ENV_RE = re.compile(CREDENTIAL_ENV_PATTERN)
+CREDENTIAL_MESSAGE = (
+    "{name!r} holds a credential: a value written here is stored in the RLJob, its spec ConfigMap and the "
+    "trackers' config; put it in a Secret and name it in resources.secretEnv"
+)
+
+
+def env_name_problem(name: Any) -> str | None:
+    """Why `name` cannot be an environment variable of the job's pods, or None."""
+    if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+        return f"name {name!r} must be a variable name: letters, digits and '_', not starting with a digit"
+    if name.startswith(RESERVED_ENV_PREFIXES):
+        return (
+            f"{name!r}: variables starting with {' or '.join(RESERVED_ENV_PREFIXES)} are set by rlkube and Ray "
+            "in the job's pods (its RLJob, attempt, role, Ray's authentication); a value here would change them"
+        )
+    return None
+
+
+def _check_env_name(name: str) -> str:
+    problem = env_name_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return name
+
+
+EnvName = Annotated[str, AfterValidator(_check_env_name), Field(json_schema_extra={"pattern": ENV_NAME_PATTERN})]
+
+
+class SecretEnvVar(SpecModel):
+    """One environment variable of every container, read from a key of a Secret in the job's namespace."""
+
+    name: EnvName = Field(max_length=256, description="The variable, e.g. WANDB_API_KEY. Names starting with "
+                          "RLKUBE_ or RAY_ are refused. Required.")
+    secret_name: ObjectName = Field(description="The Secret, in the RLJob's namespace. Required.")
+    key: str = Field(min_length=1, max_length=253, description="The key in the Secret. Required.")
+    optional: bool = Field(default=False, description="Start without the variable when the Secret or key is "
+                           "missing. Default false.")
+
+
 class ResourcesSpec(SpecModel):
     """Placement and pods of the trainer and the rollout engines, plus what every pod mounts."""
 
@@ -285,7 +348,18 @@ class ResourcesSpec(SpecModel):
     )
     env: list[KubeObject] = Field(
         default_factory=list,
-        description="Kubernetes EnvVars added to every container (secrets via valueFrom.secretKeyRef). Default: none.",
+        description="Kubernetes EnvVars added to every container. Names starting with RLKUBE_ or RAY_ are refused "
+        "(rlkube and Ray set those); valueFrom.secretKeyRef only of Secrets the cluster admin allows (the "
+        "operator's podPolicy.secretNames): a job's own Secrets go through secretEnv. Default: none.",
+    )
+    secret_env: list[SecretEnvVar] = Field(
+        default_factory=list,
+        max_length=MAX_SECRET_ENV,
+        description="Environment variables of every container read from Secrets in the job's namespace (W&B, "
+        "MLflow, Hugging Face tokens): the one way for a job's own Secrets into its pods. Whoever creates or "
+        "changes the RLJob must be allowed to read each Secret (the chart's admission policy asks the API "
+        "server); the Secret's value never enters the spec or the spec file. At most "
+        f"{MAX_SECRET_ENV}. Default: none.",
     )
     image_pull_secrets: list[LocalObjectReference] = Field(
         default_factory=list,
@@ -308,8 +382,47 @@ class ResourcesSpec(SpecModel):
     pod_annotations: PodAnnotations = pod_annotations_field(_ALL_PODS)
 
     @model_validator(mode="after")
-    def _check_colocated_rollout(self) -> "ResourcesSpec":
+    def _check_cross_fields(self) -> "ResourcesSpec":
         violations = colocated_rollout_violations(self.placement, self.rollout)
+        violations += env_violations(self.env, self.secret_env)
+        for group in ("trainer", "rollout"):
+            extra = sorted(set(getattr(self, group).resources) - set(RESOURCE_REQUIREMENT_KEYS))
+            if extra:
+                violations.append((f"{group}.resources.{extra[0]}", (
+                    f"only {' and '.join(RESOURCE_REQUIREMENT_KEYS)} are rendered into the pods; remove {extra[0]}"
+                )))
+        for i, mount in enumerate(self.volume_mounts):
+            if mount.get("mountPropagation") == "Bidirectional":
+                violations.append((f"volumeMounts[{i}].mountPropagation", (
+                    "Bidirectional propagation needs a privileged container, which job pods never are; use "
+                    "HostToContainer or None"
+                )))
         if violations:
             raise cross_field_error(violations)
         return self
+
+
+RESOURCE_REQUIREMENT_KEYS = ("requests", "limits")
+
+
+def env_violations(env: list[KubeObject], secret_env: list[SecretEnvVar]) -> list[tuple[str, str]]:
+    """Variables of resources.env and resources.secretEnv that would change what rlkube and Ray set,
+    or are given twice (Kubernetes keeps the last one without a word)."""
+    out: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    for i, var in enumerate(env):
+        name = var.get("name")
+        problem = env_name_problem(name)
+        if problem:
+            out.append((f"env[{i}].name", problem))
+            continue
+        if name in seen:
+            out.append((f"env[{i}].name", f"{name!r} is already set by {seen[name]}; keep one"))
+        seen[name] = f"env[{i}]"
+        if "value" in var and _CREDENTIAL_ENV_RE.search(name):
+            out.append((f"env[{i}].value", CREDENTIAL_MESSAGE.format(name=name)))
+    for i, var in enumerate(secret_env):
+        if var.name in seen:
+            out.append((f"secretEnv[{i}].name", f"{var.name!r} is already set by {seen[var.name]}; keep one"))
+        seen[var.name] = f"secretEnv[{i}]"
+    return out

@@ -19,7 +19,7 @@ from .fault_tolerance import FaultToleranceSpec
 from .model import ModelSpec
 from .observability import ObservabilitySpec
 from .parallelism import ParallelismSpec
-from .resources import ResourcesSpec
+from .resources import LabelValue, ResourcesSpec
 from .reward import RewardSpec
 from .rollout import RolloutSpec
 from .status import RLJobStatus
@@ -112,13 +112,14 @@ class RLJobSpec(SpecModel):
     active_deadline_seconds: Optional[int] = Field(
         default=None, ge=1, description="Seconds the job may run in total (restarts included) before it is Failed. Default: unset; >= 1."
     )
-    queue_name: Optional[str] = Field(
+    queue_name: Optional[LabelValue] = Field(
         default=None,
         min_length=1,
         max_length=63,
         description="Kueue LocalQueue to admit the job through: each RayJob is created suspended with the "
         "kueue.x-k8s.io/queue-name label, and Kueue alone then suspends and unsuspends it (phase Queued while it "
-        "waits). A change applies to the next RayJob (a restart, or a resume). Default: unset (no Kueue).",
+        "waits). A change applies to the next RayJob (a restart, or a resume). A label value: at most 63 letters, "
+        "digits, '-', '_' and '.', alphanumeric at both ends. Default: unset (no Kueue).",
     )
 
     @property

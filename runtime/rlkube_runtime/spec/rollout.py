@@ -23,6 +23,14 @@ MANAGED_SGLANG_FLAGS = {
     "node-rank": "the node's place in its engine (chosen by rlkube)",
     "dist-init-addr": "the first node of the engine (chosen by rlkube)",
     "base-gpu-id": "the GPUs Ray gave the engine (CUDA_VISIBLE_DEVICES)",
+    # Running the checkpoint's own code is the spec's to say, once, for the trainer and the engines.
+    "trust-remote-code": "spec.model.trustRemoteCode",
+    "api-key": "the job's API key (a Secret the operator generates for each RLJob)",
+    "admin-api-key": "the job's API key (a Secret the operator generates for each RLJob)",
+}
+# The same for the router: it requires the job's key from its callers and passes it to the engines.
+MANAGED_ROUTER_FLAGS = {
+    "api-key": "the job's API key (a Secret the operator generates for each RLJob)",
 }
 _BUILTIN_ONE_GPU = (
     "the built-in engine runs on one device, so gpusPerEngine must be 1 with engine builtin; use engine: sglang "
@@ -146,6 +154,11 @@ class RolloutSpec(SpecModel):
             if name in MANAGED_SGLANG_FLAGS:
                 violations.append((f"sglangArgs.{key}", f"rlkube sets --{name} itself (from {MANAGED_SGLANG_FLAGS[name]}); "
                                    "remove it from sglangArgs"))
+        for key in self.router_args:
+            name = key.lstrip("-").replace("_", "-")
+            if name in MANAGED_ROUTER_FLAGS:
+                violations.append((f"routerArgs.{key}", f"rlkube sets --{name} itself (from {MANAGED_ROUTER_FLAGS[name]}); "
+                                   "remove it from routerArgs"))
         if violations:
             raise cross_field_error(violations)
         return self

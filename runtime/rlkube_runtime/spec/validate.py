@@ -2,6 +2,10 @@
 
 Prints one line per document, `FILE: doc N (name): ok`, or one line per error,
 `FILE: doc N (name): spec.rollout.batchSz: unknown field (did you mean 'batchSize'?)`.
+
+What the job's pods may reach is checked against the default pod policy, or the cluster's
+(`--policy FILE`: the chart's values, or the operator's policy file), in each document's
+namespace (`--namespace` for documents that name none).
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ import sys
 from typing import Iterable, TextIO
 
 from .load import SpecError, document_name, load_documents, parse_rljob
+from .pod_policy import DEFAULT_POLICY, PodPolicy
 
 
-def validate_files(paths: Iterable[str], out: TextIO | None = None, err: TextIO | None = None) -> int:
+def validate_files(paths: Iterable[str], out: TextIO | None = None, err: TextIO | None = None, *,
+                   policy: PodPolicy = DEFAULT_POLICY, namespace: str | None = None) -> int:
     """Validate every document of every file; 0 when all are valid RLJobs, 1 otherwise."""
     out = out or sys.stdout
     err = err or sys.stderr
@@ -29,8 +35,10 @@ def validate_files(paths: Iterable[str], out: TextIO | None = None, err: TextIO 
             failed = True
         for index, doc in docs:
             label = f"{path}: doc {index} ({document_name(doc) or 'unnamed'})"
+            meta = doc.get("metadata") if isinstance(doc, dict) else None
+            doc_namespace = (meta.get("namespace") if isinstance(meta, dict) else None) or namespace
             try:
-                parse_rljob(doc)
+                parse_rljob(doc, pod_policy=policy.allowance(doc_namespace))
             except SpecError as exc:
                 _print_errors(err, label, exc)
                 failed = True

@@ -35,7 +35,7 @@ require (
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.65.0 // indirect
 	github.com/prometheus/procfs v0.17.0 // indirect
-	github.com/ray-project/kuberay/ray-operator v1.5.0 // indirect
+	github.com/ray-project/kuberay/ray-operator v1.5.1 // indirect
 	github.com/spf13/pflag v1.0.7 // indirect
 	github.com/stretchr/testify v1.11.0 // indirect
 	github.com/x448/float16 v0.8.4 // indirect

@@ -37,6 +37,28 @@ def test_trust_remote_code_only_when_asked():
     assert "--trust-remote-code" in sglang_server_args(SGLangServerConfig(**BASE, trust_remote_code=True))
 
 
+def test_the_jobs_api_key_is_on_the_line_when_there_is_one():
+    assert "--api-key" not in sglang_server_args(SGLangServerConfig(**BASE))  # a local run: none
+    argv = sglang_server_args(SGLangServerConfig(**BASE, api_key="k3y"))
+    assert argv[argv.index("--api-key") + 1] == "k3y"
+
+
+def test_the_launcher_takes_the_key_from_the_pods_environment_and_never_logs_it(monkeypatch, tmp_path):
+    from rlkube_runtime.serving.auth import redacted
+    from rlkube_runtime.serving.launch import RouterProcess, engine_command
+
+    monkeypatch.setenv("RLKUBE_API_KEY", "k3y")
+    for kind in ("builtin", "sglang"):
+        spec = engine_launch_spec({"kind": kind, "model_path": "/m", "log_dir": str(tmp_path), "name": "e"})
+        command = engine_command(spec, 30000, 30001)
+        assert command[command.index("--api-key") + 1] == "k3y", kind
+        assert "k3y" not in redacted(command)
+    router = RouterProcess(log_dir=str(tmp_path))
+    assert router.command()[router.command().index("--api-key") + 1] == "k3y"
+    monkeypatch.delenv("RLKUBE_API_KEY")
+    assert "--api-key" not in RouterProcess(log_dir=str(tmp_path)).command()
+
+
 def test_user_args_come_last_replace_derived_flags_and_no_flag_appears_twice():
     user = {"mem_fraction_static": 0.55, "skip-server-warmup": False, "enable-metrics": True, "dtype": "float16"}
     argv = sglang_server_args(SGLangServerConfig(**BASE, colocated=True, user_args=user))
@@ -54,6 +76,8 @@ def test_user_args_come_last_replace_derived_flags_and_no_flag_appears_twice():
     ("tensor-parallel-size", "spec.rollout.gpusPerEngine"),  # an alias of --tp-size is caught too
     ("nccl-init-addr", "first node"),
     ("base-gpu-id", "CUDA_VISIBLE_DEVICES"),
+    ("trust-remote-code", "spec.model.trustRemoteCode"),  # said once, for trainer and engines alike
+    ("api_key", "the job's API key"),
 ])
 def test_flags_rlkube_wires_itself_are_refused_from_sglang_args_naming_the_field(key, governed_by):
     with pytest.raises(ValueError, match=rf"spec\.rollout\.sglangArgs\.{key}: .*{governed_by}"):

@@ -24,7 +24,7 @@ from example_launch_lines import (
 )
 from sglang_testutil import require_pinned_sglang
 
-from rlkube_runtime.serving.sglang_args import COLOCATED_MEM_FRACTION_STATIC
+from rlkube_runtime.serving.sglang_args import COLOCATED_MEM_FRACTION_STATIC, SGLangServerConfig, sglang_server_args
 
 PARSER = pathlib.Path(__file__).with_name("sglang_parse.py")
 
@@ -44,7 +44,9 @@ def sglang_parsed(tmp_path_factory):
     """SGLang's verdict on every example engine line, the multi-node lines and the MUST_FAIL lines."""
     require_pinned_sglang()
     lines = {f"{line.job}/engine-{line.index}": line for job in sglang_jobs() for line in engine_lines(job)}
-    argvs = [line.argv for line in lines.values()] + multi_node_lines() + list(MUST_FAIL.values())
+    keyed = sglang_server_args(SGLangServerConfig(model_path="/m", host="10.0.0.1", port=30000, tp_size=1, seed=0,
+                                                  dtype="bfloat16", api_key="job-key"))
+    argvs = [line.argv for line in lines.values()] + multi_node_lines() + list(MUST_FAIL.values()) + [keyed]
     work = tmp_path_factory.mktemp("sglang-parse")
     (work / "in.json").write_text(json.dumps(argvs))
     run = subprocess.run([sys.executable, str(PARSER), str(work / "in.json"), str(work / "out.json")],
@@ -55,7 +57,8 @@ def sglang_parsed(tmp_path_factory):
     return {
         "engines": dict(zip(lines, zip(lines.values(), results[:n]))),
         "multi_node": results[n:n + m],
-        "must_fail": dict(zip(MUST_FAIL, results[n + m:])),
+        "must_fail": dict(zip(MUST_FAIL, results[n + m:n + m + len(MUST_FAIL)])),
+        "keyed": results[-1],
     }
 
 
@@ -91,6 +94,12 @@ def test_a_multi_pod_engine_line_per_node_is_accepted_by_sglangs_own_parser(sgla
 
 
 @pytest.mark.slow
+def test_a_line_with_the_jobs_api_key_gives_sglang_that_key(sglang_parsed):
+    keyed = sglang_parsed["keyed"]
+    assert keyed["error"] is None and keyed["values"]["api_key"] == "job-key", keyed
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(MUST_FAIL))
 def test_sglangs_parser_as_used_here_refuses_bad_lines(sglang_parsed, case):
     assert sglang_parsed["must_fail"][case]["error"], f"{case}: {MUST_FAIL[case]} was accepted"
@@ -118,6 +127,7 @@ def test_every_example_router_line_is_accepted_by_sglang_routers_own_parser(tmp_
         args = _parse_router(argv)
         assert (args.host, args.port, args.prometheus_port, args.prometheus_host) == ("127.0.0.1", 8000, 29000, "127.0.0.1"), job
         assert args.worker_urls == urls and args.model_path == str(tmp_path), job
+    assert _parse_router(["--port", "8000", "--api-key", "job-key"]).api_key == "job-key"
     with pytest.raises(ValueError, match="unrecognized"):
         _parse_router(["--port", "8000", "--no-such-flag"])
     with pytest.raises(ValueError, match="invalid int"):

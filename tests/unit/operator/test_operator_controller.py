@@ -114,6 +114,7 @@ def test_reconciling_twice_creates_each_object_once():
     creates = [c for c in kube.calls if c[0] == "create"]
     assert creates == [("create", "ConfigMap", "tiny-spec"), ("create", "ServiceAccount", "tiny-runtime"),
                        ("create", "Role", "tiny-runtime"), ("create", "RoleBinding", "tiny-runtime"),
+                       ("create", "Secret", "tiny-api-key"), ("create", "NetworkPolicy", "tiny"),
                        ("create", "RayJob", "tiny-0")]
     # Written after creating, again once the RayJob is seen, then left alone.
     assert [c for c in kube.calls if c[0] == "patch-status"] == [("patch-status", "tiny")] * 2
@@ -166,6 +167,37 @@ def test_a_preemption_restart_is_counted_as_one_not_as_a_failure():
     assert ("RayJob", "team-a", "tiny-1") in kube.objects
     assert metrics.RESTARTS.labels("preemption")._value.get() == preemptions + 1
     assert metrics.RESTARTS.labels("failure")._value.get() == failures
+
+
+def test_an_object_the_api_server_refuses_as_invalid_fails_the_job_at_once_and_for_good():
+    from rlkube_operator.kube import InvalidObject
+
+    controller, kube, events, _ = _controller(make_body())
+    create = kube.create
+
+    def refuse_rayjobs(obj):
+        if obj["kind"] == "RayJob":
+            kube.calls.append(("refused", obj["kind"], obj["metadata"]["name"]))
+            raise InvalidObject("RayJob", obj["metadata"]["name"], 'RayJob.ray.io "tiny-0" is invalid: spec.x: bad')
+        return create(obj)
+
+    kube.create = refuse_rayjobs
+    spec_errors = metrics.RECONCILE_ERRORS.labels("spec")._value.get()
+    applied = _run(_reconcile(controller))
+    status = kube.objects[("RLJob", "team-a", "tiny")]["status"]
+    assert status["phase"] == "Failed"
+    assert status["message"].startswith('the API server refused RayJob tiny-0 as invalid: RayJob.ray.io "tiny-0" is '
+                                        "invalid: spec.x: bad")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "InvalidSpec")
+    assert events == [("Warning", "Failed")]
+    assert applied.plan.permanent_error and applied.plan.requeue_after is None
+    assert metrics.RECONCILE_ERRORS.labels("spec")._value.get() == spec_errors + 1
+    # Never retried: later reconciles create nothing and write nothing.
+    for _ in range(2):
+        _run(_reconcile(controller))
+    assert [c for c in kube.calls if c[0] == "refused"] == [("refused", "RayJob", "tiny-0")]
+    assert events == [("Warning", "Failed")]
 
 
 def test_objects_of_someone_else_are_not_taken_over():

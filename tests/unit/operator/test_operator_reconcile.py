@@ -27,6 +27,11 @@ def _kinds(plan):
     return [(o["kind"], o["metadata"]["name"]) for o in plan.create]
 
 
+def _attempt(rayjob):
+    """What creating an attempt's RayJob comes with: the job's API key and its NetworkPolicy first."""
+    return [("Secret", "tiny-api-key"), ("NetworkPolicy", "tiny"), ("RayJob", rayjob)]
+
+
 def _conditions(plan):
     return {c["type"]: c for c in plan.status["conditions"]}
 
@@ -50,7 +55,7 @@ def test_a_new_rljob_gets_its_configmap_rbac_and_first_rayjob(settings):
     plan = reconcile(observed(body, configmap=None, children=False), settings)
     assert _kinds(plan) == [
         ("ConfigMap", "tiny-spec"), ("ServiceAccount", "tiny-runtime"), ("Role", "tiny-runtime"),
-        ("RoleBinding", "tiny-runtime"), ("RayJob", "tiny-0"),
+        ("RoleBinding", "tiny-runtime"), *_attempt("tiny-0"),
     ]
     assert plan.status["phase"] == "Pending"
     assert plan.status["rayJobName"] == "tiny-0"
@@ -129,8 +134,8 @@ def test_after_the_backoff_the_next_attempt_replaces_the_failed_one(settings):
     stamped = (NOW - timedelta(seconds=21)).strftime("%Y-%m-%dT%H:%M:%SZ")  # attempt 1 waits 10 x 2^1 = 20 s
     rj = rayjob_with_status(body, 1, FAILED, annotations={FAILED_AT_ANNOTATION: stamped})
     plan = reconcile(observed(body, [rj]), settings)
-    assert _kinds(plan) == [("RayJob", "tiny-2")]
-    assert plan.create[0]["metadata"]["labels"][render.LABEL_ATTEMPT] == "2"
+    assert _kinds(plan) == _attempt("tiny-2")
+    assert plan.create[-1]["metadata"]["labels"][render.LABEL_ATTEMPT] == "2"
     assert plan.delete_rayjobs == ("tiny-1",)
     assert plan.status["restarts"] == {"job": 2, "preemptions": 0}
     assert plan.status["rayJobName"] == "tiny-2"
@@ -184,8 +189,8 @@ def test_a_preempted_attempt_resumes_at_once_without_counting_against_the_backof
                      status={"phase": "Running", "restarts": {"job": 1},
                              "lastPreemption": {"attempt": 1, "rollout": 7, "time": "2026-03-01T11:59:58Z"}})
     plan = reconcile(observed(body, [rayjob_with_status(body, 1, PREEMPTED_EXIT)]), settings)
-    assert _kinds(plan) == [("RayJob", "tiny-2")]  # no backoff wait
-    assert plan.create[0]["metadata"]["annotations"][PREEMPTIONS_ANNOTATION] == "1"
+    assert _kinds(plan) == _attempt("tiny-2")  # no backoff wait
+    assert plan.create[-1]["metadata"]["annotations"][PREEMPTIONS_ANNOTATION] == "1"
     assert plan.delete_rayjobs == ("tiny-1",)
     assert plan.patch_rayjobs == ()  # no failure time stamped: there is no backoff to wait out
     assert plan.status["phase"] == "Restarting"
@@ -204,7 +209,7 @@ def test_a_preemption_whose_status_write_failed_is_known_by_the_drivers_exit_cod
                      status={"phase": "Running", "restarts": {"job": 1}})
     exit_143 = PREEMPTED_EXIT | {"message": PREEMPTED_EXIT["message"] + ", last available logs: rlkube run: stopped"}
     plan = reconcile(observed(body, [rayjob_with_status(body, 1, exit_143)]), settings)
-    assert _kinds(plan) == [("RayJob", "tiny-2")]  # at once, and not the failure that would end the job
+    assert _kinds(plan) == _attempt("tiny-2")  # at once, and not the failure that would end the job
     assert plan.status["restarts"] == {"job": 2, "preemptions": 1}
     assert _conditions(plan)["Progressing"]["reason"] == "Preempted"
     assert "after saving its latest checkpoint (exit code 143; status.lastPreemption was not written)" in (
@@ -231,6 +236,48 @@ def test_after_a_preemption_the_failures_alone_count_against_the_backoff_limit(s
     plan = reconcile(observed(body, [rayjob_with_status(body, 3, FAILED)]), settings)
     assert plan.status["phase"] == "Failed"
     assert _conditions(plan)["Failed"]["reason"] == "BackoffLimitExceeded"
+
+
+def test_repeated_preemptions_back_off_exponentially_from_the_second_on(settings):
+    # Two preemptions so far; the third waits backoffSeconds x 2^(2-1) = 20 s after the attempt ended.
+    body = make_body({"faultTolerance": {"backoffSeconds": 10}},
+                     status={"phase": "Running", "restarts": {"job": 2, "preemptions": 2},
+                             "lastPreemption": {"attempt": 2, "rollout": 9}})
+    current = rayjob_with_status(body, 2, PREEMPTED_EXIT)
+    plan = reconcile(observed(body, [current]), settings)
+    assert plan.create == ()
+    assert plan.status["phase"] == "Restarting"
+    assert plan.requeue_after == pytest.approx(20)
+    assert plan.patch_rayjobs == (("tiny-2", {"metadata": {"annotations": {FAILED_AT_ANNOTATION: "2026-03-01T12:00:00Z"}}}),)
+    assert "after a 20s backoff (preemption 3 of at most 10)" in plan.status["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Preempted")]  # news, not a fault
+    # 20 s after the stamped end, attempt 3 starts; its reconciles meanwhile post nothing new.
+    current["metadata"]["annotations"] = {FAILED_AT_ANNOTATION: "2026-03-01T12:00:00Z"}
+    waiting = _apply_status(body, plan)
+    plan = reconcile(observed(waiting, [current], now=NOW + timedelta(seconds=5)), settings)
+    assert (plan.create, plan.events) == ((), ())
+    plan = reconcile(observed(waiting, [current], now=NOW + timedelta(seconds=20)), settings)
+    assert _kinds(plan) == _attempt("tiny-3")
+    assert plan.status["restarts"] == {"job": 3, "preemptions": 3}
+
+
+def test_the_backoff_between_preemptions_is_capped_by_the_operator(settings):
+    body = make_body({"faultTolerance": {"backoffSeconds": 10, "maxPreemptions": 100}},
+                     status={"phase": "Running", "restarts": {"job": 30, "preemptions": 30},
+                             "lastPreemption": {"attempt": 30, "rollout": 9}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 30, PREEMPTED_EXIT)]), settings)
+    assert plan.requeue_after == pytest.approx(settings.max_backoff_seconds)
+
+
+def test_a_job_preempted_more_than_max_preemptions_fails_keeping_its_checkpoints(settings):
+    body = make_body({"faultTolerance": {"maxPreemptions": 2}},
+                     status={"phase": "Running", "restarts": {"job": 2, "preemptions": 2},
+                             "lastPreemption": {"attempt": 2, "rollout": 9}})
+    plan = reconcile(observed(body, [rayjob_with_status(body, 2, PREEMPTED_EXIT)]), settings)
+    assert plan.create == ()
+    assert plan.status["phase"] == "Failed"
+    assert _conditions(plan)["Failed"]["reason"] == "PreemptionLimitExceeded"
+    assert "faultTolerance.maxPreemptions(2) used up: the job was preempted 3 times" in plan.status["message"]
 
 
 def test_a_preemption_restart_whose_status_write_was_lost_is_counted_once(settings):
@@ -399,8 +446,8 @@ def test_a_suspended_queued_job_has_no_rayjob_and_resuming_queues_a_new_one(sett
     assert plan.status["rayJobName"] == "tiny-0"
     resumed = make_body(QUEUE, status={"phase": "Suspended"})
     plan = reconcile(observed(resumed, []), settings)
-    assert _kinds(plan) == [("RayJob", "tiny-0")]
-    assert plan.create[0]["spec"]["suspend"] is True
+    assert _kinds(plan) == _attempt("tiny-0")
+    assert plan.create[-1]["spec"]["suspend"] is True
     assert plan.status["phase"] == "Queued"
     assert plan.status["restarts"] == {"job": 0, "preemptions": 0}  # a resume is not a restart
 
@@ -410,9 +457,9 @@ def test_a_restarted_attempt_of_a_queued_job_waits_in_the_queue_again(settings):
     rj = _queued_rayjob(body, FAILED, suspend=False)
     rj["metadata"]["annotations"] = {FAILED_AT_ANNOTATION: "2026-03-01T11:00:00Z"}
     plan = reconcile(observed(body, [rj]), settings)
-    assert _kinds(plan) == [("RayJob", "tiny-1")]
-    assert plan.create[0]["spec"]["suspend"] is True
-    assert plan.create[0]["metadata"]["labels"][render.KUEUE_QUEUE_LABEL] == "team-a-gpus"
+    assert _kinds(plan) == _attempt("tiny-1")
+    assert plan.create[-1]["spec"]["suspend"] is True
+    assert plan.create[-1]["metadata"]["labels"][render.KUEUE_QUEUE_LABEL] == "team-a-gpus"
 
 
 def test_a_rayjob_made_before_queuename_was_set_keeps_the_operators_suspend(settings):
@@ -452,7 +499,7 @@ def test_an_ignored_change_keeps_the_running_values_in_the_next_attempt(settings
     cm = render.render_configmap(render.JobRef.from_body(started), started["spec"])
     rj = rayjob_with_status(body, 0, FAILED, annotations={FAILED_AT_ANNOTATION: "2026-03-01T11:00:00Z"})
     plan = reconcile(observed(body, [rj], configmap=cm), settings)
-    assert _kinds(plan) == [("RayJob", "tiny-1")]
+    assert _kinds(plan) == _attempt("tiny-1")
     spec = render.configmap_spec(plan.update_configmap)
     assert spec["model"]["preset"] == "tiny"  # held
     assert spec["training"]["numRollout"] == 30  # mutable: taken at the new attempt
@@ -567,4 +614,4 @@ def test_a_deleted_rayjob_of_the_current_attempt_is_recreated_once_gone(settings
     plan = reconcile(observed(body, [rj]), settings)
     assert plan.create == () and plan.delete_rayjobs == ()
     again = reconcile(observed(body, []), settings)
-    assert _kinds(again) == [("RayJob", "tiny-0")]
+    assert _kinds(again) == _attempt("tiny-0")

@@ -8,7 +8,8 @@ import pytest
 import yaml
 from operator_testutil import default_settings, make_body
 from rlkube_operator import render
-from rlkube_runtime.spec.load import parse_rljob
+from rlkube_operator.settings import OperatorSettings
+from rlkube_runtime.spec.load import SpecError, parse_rljob
 from rlkube_runtime.spec.resources import RESERVED_LABEL_PREFIXES, RESERVED_LABELS
 
 SECRET_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
@@ -248,6 +249,10 @@ def test_rollout_pods_hold_whole_engines(gpus, per_engine, expected):
         ({"resources": {"sharedMemorySize": "32Gi", "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
                         "volumeMounts": [PVC_MOUNT, {"name": "dshm", "mountPath": "/dev/shm/"}]}},
          "spec.resources.sharedMemorySize", "and so does resources.volumeMounts[1] ('dshm')"),
+        ({"resources": {"volumes": [PVC_VOLUME], "volumeMounts": [{"name": "ckpt", "mountPath": "/tmp/"}]}},
+         "spec.resources.volumeMounts[0].mountPath", "rlkube mounts the job's spec file and its writable /tmp"),
+        ({"resources": {"volumes": [{"name": "rlkube-tmp", "emptyDir": {}}]}},
+         "spec.resources.volumes[0].name", "reserved"),
     ],
 )
 def test_specs_that_cannot_become_pods_name_the_field(spec, field, needle):
@@ -278,9 +283,9 @@ def test_the_head_serves_the_training_metrics_on_a_named_port():
     head = _render({})[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {"name": "rlkube-metrics", "containerPort": 9464} in head["ports"]
     assert {"name": "RLKUBE_METRICS_PORT", "value": "9464"} in head["env"]
-    chosen = _render({"resources": {"env": [{"name": "RLKUBE_METRICS_PORT", "value": "9000"}]}})
-    env = chosen[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
-    assert [e["value"] for e in env if e["name"] == "RLKUBE_METRICS_PORT"] == ["9000"]
+    # The port is the one the chart's PodMonitor scrapes by name: the spec refuses a user value for it.
+    with pytest.raises(SpecError, match=r"spec.resources.env\[0\].name: 'RLKUBE_METRICS_PORT': variables starting"):
+        _render({"resources": {"env": [{"name": "RLKUBE_METRICS_PORT", "value": "9000"}]}})
 
 
 # --- pod settings: GPU resource name, affinity, priority, pull secrets, labels, /dev/shm ----------
@@ -350,18 +355,53 @@ def test_priority_and_pull_secrets_reach_every_pod_the_submitter_included():
         assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}], role
 
 
-def test_the_submitter_is_kuberays_default_pod_with_the_job_wide_settings():
+def test_the_submitter_is_kuberays_default_pod_with_the_jobs_pod_security_and_job_wide_settings():
     _, rj = _render(POD_KNOBS)
     submitter = rj["spec"]["submitterPodTemplate"]
     [container] = submitter["spec"]["containers"]
-    head_image = rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
-    assert container == {"name": "ray-job-submitter", "image": head_image, "resources": {
-        "limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "200Mi"}}}
+    head = rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    assert container["name"] == "ray-job-submitter"
+    assert container["image"] == head["spec"]["containers"][0]["image"]
+    assert container["resources"] == {"limits": {"cpu": "1", "memory": "1Gi"},
+                                      "requests": {"cpu": "500m", "memory": "200Mi"}}
+    assert container["securityContext"] == head["spec"]["containers"][0]["securityContext"]
+    assert submitter["spec"]["securityContext"] == head["spec"]["securityContext"]
     assert submitter["spec"]["restartPolicy"] == "Never"
     assert "command" not in container  # KubeRay fills in `ray job submit ...` itself
-    # Without job-wide pod settings KubeRay makes the same pod itself.
+    # Rendered for every job: KubeRay's own submitter pod has no securityContext, which a namespace
+    # enforcing the restricted Pod Security Standard refuses.
     _, plain = _render(SEPARATE)
-    assert "submitterPodTemplate" not in plain["spec"]
+    assert "securityContext" in plain["spec"]["submitterPodTemplate"]["spec"]
+
+
+@pytest.mark.parametrize("spec", [SEPARATE, POD_KNOBS, {}], ids=["separate", "pod-knobs", "colocated"])
+def test_every_pod_runs_as_the_fixed_non_root_user_without_privileges_on_a_read_only_root(spec):
+    _, rj = _render(spec)
+    for role, pod in _pods(rj).items():
+        assert pod["spec"]["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
+        }, role
+        [container] = pod["spec"]["containers"]
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+        }, role
+        # What the processes write goes to an emptyDir: /tmp is the working directory and $HOME.
+        assert {"name": "rlkube-tmp", "emptyDir": {}} in pod["spec"]["volumes"], role
+        assert {"name": "rlkube-tmp", "mountPath": "/tmp"} in container["volumeMounts"], role
+        assert container["workingDir"] == "/tmp", role
+        assert {"name": "HOME", "value": "/tmp"} in container["env"], role
+
+
+def test_the_operator_settings_choose_the_uid_and_whether_the_root_is_read_only():
+    settings = OperatorSettings(run_as_user=4242, read_only_root_filesystem=False)
+    body = make_body(SEPARATE)
+    rj = render.render_rayjob(render.JobRef.from_body(body), parse_rljob(body).spec, attempt=0, settings=settings)
+    for role, pod in _pods(rj).items():
+        context = pod["spec"]["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (4242, 4242, 4242), role
+        assert pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False, role
 
 
 def test_pod_labels_and_annotations_merge_job_wide_then_group_and_keep_rlkubes_own():
@@ -427,3 +467,54 @@ def test_every_pod_gets_the_grace_period_the_runtime_needs_to_checkpoint_on_sigt
 
     assert grace_periods(_render({})[1]) == {600}
     assert grace_periods(_render({"faultTolerance": {"terminationGracePeriodSeconds": 1800}})[1]) == {1800}
+
+
+# --- authenticated job traffic ------------------------------------------------------------------
+
+
+def test_ray_token_authentication_is_on_for_every_cluster():
+    _, rj = _render(SEPARATE)
+    cluster = rj["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token"}
+    assert cluster["rayVersion"] == "2.52.0"  # KubeRay refuses token mode below Ray 2.52
+
+
+def test_every_ray_container_gets_the_jobs_api_key_from_its_secret():
+    _, rj = _render(SEPARATE)
+    for role, pod in _pods(rj).items():
+        if role == "submitter":
+            continue  # submits the Ray job (Ray's token reaches it from KubeRay); it calls no engine
+        env = pod["spec"]["containers"][0]["env"]
+        assert {"name": "RLKUBE_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": "tiny-api-key", "key": "api-key"}}} in env, role
+
+
+def test_the_api_key_secret_and_network_policy_are_owned_by_the_rljob():
+    body = make_body(SEPARATE)
+    ref = render.JobRef.from_body(body)
+    secret = render.render_api_key_secret(ref, "k3y")
+    assert (secret["metadata"]["name"], secret["stringData"]) == ("tiny-api-key", {"api-key": "k3y"})
+    policy = render.render_network_policy(ref, default_settings())
+    for obj in (secret, policy):
+        assert obj["metadata"]["ownerReferences"] == [render.owner_reference(ref)]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"rlkube.io/rljob": "tiny"}}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    own, metrics, dashboard = policy["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"rlkube.io/rljob": "tiny"}}}]}
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9464}]
+    assert dashboard["ports"] == [{"protocol": "TCP", "port": 8265}]
+    assert metrics["from"] == [{"namespaceSelector": {}, "podSelector": {
+        "matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+
+
+def test_secret_env_becomes_a_secret_key_ref_on_every_ray_container():
+    spec = {"resources": {"secretEnv": [{"name": "WANDB_API_KEY", "secretName": "wandb", "key": "api-key"},
+                                        {"name": "HF_TOKEN", "secretName": "hf", "key": "token", "optional": True}]}}
+    _, rj = _render(spec)
+    for role, pod in _pods(rj).items():
+        if role == "submitter":
+            continue
+        env = pod["spec"]["containers"][0]["env"]
+        assert {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}} in env
+        assert {"name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": True}}} in env

@@ -24,3 +24,20 @@ def test_environment_overrides():
 def test_bad_durations_name_the_variable_and_value(value):
     with pytest.raises(ValueError, match=rf"RLKUBE_RESYNC_SECONDS must be .*{value!r}"):
         OperatorSettings.from_env({"RLKUBE_RESYNC_SECONDS": value})
+
+
+def test_pods_run_as_uid_1000_on_a_read_only_root_unless_the_environment_says_otherwise():
+    assert (OperatorSettings.from_env({}).run_as_user, OperatorSettings.from_env({}).read_only_root_filesystem) == (
+        1000, True)
+    s = OperatorSettings.from_env({"RLKUBE_RUN_AS_USER": "2000", "RLKUBE_READ_ONLY_ROOT_FILESYSTEM": "false"})
+    assert (s.run_as_user, s.read_only_root_filesystem) == (2000, False)
+
+
+@pytest.mark.parametrize(("key", "value", "needle"), [
+    ("RLKUBE_RUN_AS_USER", "0", "non-root UID"),
+    ("RLKUBE_RUN_AS_USER", "root", "non-root UID"),
+    ("RLKUBE_READ_ONLY_ROOT_FILESYSTEM", "yes", "true or false"),
+])
+def test_bad_pod_security_settings_name_the_variable_and_value(key, value, needle):
+    with pytest.raises(ValueError, match=rf"{key} must be .*{needle}.*{value!r}"):
+        OperatorSettings.from_env({key: value})

@@ -22,6 +22,8 @@ def example_spec(**changes):
     manifest = yaml.safe_load(EXAMPLE.read_text())
     for section, values in changes.items():
         manifest["spec"].setdefault(section, {}).update(values)
+    if "hfCheckpoint" in manifest["spec"]["model"]:
+        manifest["spec"]["model"].pop("preset", None)  # one or the other gives the starting weights
     return RLJob.model_validate(manifest).spec
 
 
