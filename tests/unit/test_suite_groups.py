@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TESTS, xdist_group_of
-
-REPO = TESTS.parent
+TESTS = Path(__file__).resolve().parents[1]
+# By path: several conftest.py files exist, and `import conftest` gets whichever was loaded first.
+_spec = importlib.util.spec_from_file_location("suite_conftest", TESTS / "conftest.py")
+_suite = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_suite)
+xdist_group_of = _suite.xdist_group_of
 
 
 def test_the_chaos_suite_and_control_plane_users_each_form_one_group():
