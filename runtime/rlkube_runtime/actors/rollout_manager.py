@@ -26,6 +26,8 @@ from rlkube_runtime.rollout.generate import (
 )
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.spec.base import builtin_filter_name
+from rlkube_runtime.weight_sync.coordinator import SyncReport
+from rlkube_runtime.weight_sync.plan import SyncPlan
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +173,10 @@ class RolloutManager:
 
     # -- the engines, for the driver ----------------------------------------------------
 
-    async def set_weight_pushers(
-        self, pushers: list[Any], pusher_of_engine: list[int], transport: str, disk_dir: str | None = None
-    ) -> None:
-        self.engines.set_weight_pushers(pushers, pusher_of_engine, transport, disk_dir)
+    async def set_weight_pushers(self, pushers: list[Any], plan: SyncPlan) -> None:
+        self.engines.set_weight_pushers(pushers, plan)
 
-    async def update_weights(self, version: str) -> dict[str, Any]:
+    async def update_weights(self, version: str) -> SyncReport:
         return await self.engines.update_weights(version)
 
     async def release_memory(self, tags: list[str] | None = None) -> None:

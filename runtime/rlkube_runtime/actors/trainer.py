@@ -7,7 +7,6 @@ advantages, then `numStepsPerRollout` optimizer steps of `globalBatchSize` sampl
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -162,6 +161,29 @@ class TrainerWorker:
             weights = self.backend.export_weights()
             self._staged = weights if keep else None
 
+    def save(self, directory: str) -> dict[str, Any]:
+        """This rank's part of a checkpoint into `directory` (collective), in the backend's own
+        format; returns what the checkpoint's payload records of this rank: the format, and for
+        the torch format this rank's random streams."""
+        self.backend.save(directory)
+        fmt = self.backend.checkpoint_format
+        return {"format": fmt, "rng": None if fmt else capture_rng_state()}
+
+    def load(self, directory: str, fmt: str | None, state: dict[str, Any] | None = None,
+             rng: dict[str, Any] | None = None) -> None:
+        """Restore what `save` wrote (collective). `state`: rank 0's trainer state from the payload
+        of a checkpoint written before the trainer wrote it itself; `rng`: this rank's streams."""
+        if fmt != self.backend.checkpoint_format:
+            raise ValueError(f"the checkpoint in {directory} is in the {fmt or 'torch'} trainer format; "
+                             f"spec.training.backend {self.spec.training.backend!r} reads "
+                             f"{self.backend.checkpoint_format or 'torch'}")
+        if state is not None:
+            self.backend.load_state_dict(state)
+        else:
+            self.backend.load(directory)
+        if rng is not None:
+            restore_rng_state(rng)
+
     def save_distributed(self, directory: str) -> None:
         """Megatron: this rank's shards of model and optimizer and its RNG into `directory` (collective)."""
         self.backend.save_distributed(directory)
@@ -169,10 +191,10 @@ class TrainerWorker:
     def load_distributed(self, directory: str) -> None:
         self.backend.load_distributed(directory)
 
-    def push_weights(self, urls: list[str], transport: str, version: str, disk_dir: str | None = None) -> dict[str, Any]:
+    def push_weights(self, urls: list[str], transport: str, version: str, disk_dir: str | None = None):
         """Load this rank's weights into the engines at `urls` (paused and flushed by the rollout
-        manager); returns the `weight_sync.SyncReport` as a dict."""
-        return dataclasses.asdict(self._weight_sender().push(urls, transport=transport, version=version, disk_dir=disk_dir))
+        manager); returns the `weight_sync.SyncReport`."""
+        return self._weight_sender().push(urls, transport=transport, version=version, disk_dir=disk_dir)
 
     def _weight_sender(self):
         if self._sender is None:
@@ -208,18 +230,6 @@ class TrainerWorker:
 
     def state_dict(self) -> dict[str, Any]:
         return self.backend.state_dict()
-
-    def save_state(self, path: str) -> int:
-        """Write `state_dict()` to `path` (a file in a checkpoint being saved); returns its bytes.
-        Rank 0 writes it straight to storage: the state (weights and Adam moments, 12 bytes a
-        parameter) never travels through Ray to the driver."""
-        from rlkube_runtime.trainer.checkpoint import save_torch_file
-
-        return save_torch_file(path, self.backend.state_dict())
-
-    def load_state_file(self, path: str, rng: dict[str, Any] | None = None) -> None:
-        """`load_state_dict` from a file `save_state` wrote (every rank reads it itself)."""
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), rng)
 
     def rng_state(self) -> dict[str, Any]:
         """This rank's random generators: each rank's streams are saved, since dropout or any

@@ -52,6 +52,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # launches) at ~50 GiB peak without compiled layers (benchmarks/results/trainer_profile_h200.md).
 GPU_MAX_TOKENS_PER_MICRO_BATCH = 16384
 
+# The trainer state in a checkpoint directory (see TorchBackend.save).
+STATE_FILE = "trainer_state.pt"
+
 # Set to 0 to run the decoder layers eagerly on a GPU (debugging, or a model torch.compile rejects).
 COMPILE_ENV = "RLKUBE_TORCH_COMPILE"
 
@@ -230,6 +233,22 @@ class TorchBackend:
         return directory
 
     # -- checkpoints ----------------------------------------------------------------------
+
+    # In a checkpoint directory: `state_dict()` in STATE_FILE, written by rank 0 (the state is the
+    # same on every rank) and read by every rank. The first format: the payload marks none.
+    checkpoint_format: str | None = None
+
+    def save(self, directory: str | Path) -> None:
+        """Collective in name: rank 0 writes the whole trainer state (weights and Adam moments,
+        12 bytes a parameter) straight to `directory`, so it never travels through Ray."""
+        from .checkpoint import save_torch_file
+
+        if self.rank == 0:
+            save_torch_file(Path(directory) / STATE_FILE, self.state_dict())
+
+    def load(self, directory: str | Path) -> None:
+        """Every rank reads what `save` wrote."""
+        self.load_state_dict(torch.load(Path(directory) / STATE_FILE, map_location="cpu", weights_only=True))
 
     def state_dict(self) -> dict[str, Any]:
         """CPU copies of model, optimizer, scheduler and this process's RNG state.

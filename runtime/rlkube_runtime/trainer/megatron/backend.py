@@ -52,6 +52,8 @@ from .weights import read_hf_tensors
 
 log = logging.getLogger(__name__)
 
+# A checkpoint's megatron part: this sub-directory of the checkpoint's directory.
+CHECKPOINT_DIR = "trainer"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Megatron clips only when clip_grad > 0, and reports a norm only when it clips: "off" is a
 # threshold no norm reaches, so the norm is still reported as the torch backend does.
@@ -263,6 +265,17 @@ class MegatronBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError("the megatron backend loads distributed checkpoints: use load_distributed(dir)")
+
+    # In a checkpoint directory: every rank's shards under CHECKPOINT_DIR (checkpoint.py).
+    checkpoint_format: str | None = "megatron_dist"
+
+    def save(self, directory: str | Path) -> None:
+        """Collective: this rank's part of the checkpoint in `directory`."""
+        self.save_distributed(Path(directory) / CHECKPOINT_DIR)
+
+    def load(self, directory: str | Path) -> None:
+        """Collective: restore what `save` wrote."""
+        self.load_distributed(Path(directory) / CHECKPOINT_DIR)
 
     @in_cpu_mode
     def save_distributed(self, directory: str | Path) -> None:
