@@ -210,10 +210,10 @@ def trainer(args, device, model_dir, results) -> dict:
     if device == "cuda":
         out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         for label, keep in (("offload", False), ("offload_keep_weights", True)):
-            release_s, _ = timed(lambda keep=keep: backend.release_memory(keep_weights=keep), repeat=1)
-            resume_s, _ = timed(backend.resume_memory, repeat=1)
-            release_s, _ = timed(lambda keep=keep: backend.release_memory(keep_weights=keep), repeat=1)  # pinned twins exist now
-            resume_s, _ = timed(backend.resume_memory, repeat=1)
+            release_s, _ = timed(lambda keep=keep: backend.release(keep_weights=keep), repeat=1)
+            resume_s, _ = timed(backend.restore, repeat=1)
+            release_s, _ = timed(lambda keep=keep: backend.release(keep_weights=keep), repeat=1)  # pinned twins exist now
+            resume_s, _ = timed(backend.restore, repeat=1)
             out[f"{label}_s"], out[f"onload_after_{label}_s"] = release_s, resume_s
     del backend
     return out
@@ -225,7 +225,7 @@ def time_train_passes(backend, batch, flops: float, device: str) -> tuple[dict, 
     whole train_step; model TFLOP/s and tokens/s of forward+backward (`flops` of it). Returns
     the figures and forward+backward's own metrics."""
     timed = partial(median_time, device=device)
-    fwd_s, old = timed(lambda: backend.compute_log_probs(batch).log_probs)
+    fwd_s, old = timed(lambda: backend.log_probs(batch).log_probs)
     batch = batch.with_fields(old_log_probs=old)
     fwd_bwd_s, metrics = timed(lambda: backend.accumulate_gradients(batch))
     optimizer_s, _ = timed(backend.optimizer.step)  # on the gradients just accumulated

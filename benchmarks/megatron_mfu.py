@@ -3,7 +3,7 @@
 151,936, tied embeddings), on a GRPO-shaped batch of 64 samples x (128 + 512) tokens.
 
 The method is gpu_components.py's trainer measurement (its time_train_passes): the same batch, the median of
-3 timed calls each of compute_log_probs (forward), accumulate_gradients (forward+backward, no
+3 timed calls each of log_probs (forward), accumulate_gradients (forward+backward, no
 optimizer step), the optimizer step and a whole train_step; model FLOPs counted by
 gpu_components._train_flops (every layer matmul on every token, the LM head on response
 positions only, causal attention); TFLOP/s as a share of the bf16 matmul ceiling measured in the

@@ -95,10 +95,10 @@ class TrainerGroup:
 
     def release(self, *, keep_weights: bool = False) -> None:
         """Colocated: every rank gives its device memory back (the weights too unless `keep_weights`)."""
-        self._all("release_memory", keep_weights=keep_weights)
+        self._all("release", keep_weights=keep_weights)
 
     def restore(self) -> None:
-        self._all("resume_memory")
+        self._all("restore")
 
     def last_advantages(self, count: int) -> list[list[float]]:
         import ray
@@ -106,10 +106,10 @@ class TrainerGroup:
         return ray.get(self.handles[0].last_advantages.remote(count))
 
     def export_hf(self, directory: Path) -> str:
-        """The trained weights as a Hugging Face directory, written by rank 0 (after a push's
-        staging, which the loop's last sync did)."""
+        """The trained weights as a Hugging Face directory, gathered on rank 0 and written there."""
         import ray
 
+        self._all("stage_weights", per_rank=lambda rank: {"keep": rank == 0})
         return ray.get(self.handles[0].save_hf.remote(str(directory)))
 
     def _all(self, method: str, *args: Any, per_rank=None, **kwargs: Any) -> list[Any]:
