@@ -17,7 +17,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rlkube_runtime.actors.engine import EngineActor, engine_actor_options
@@ -36,29 +37,34 @@ class EngineRestartLimitExceeded(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class PoolConfig:
+    """Where a job's engines run and what they load.
+
+    model_path: the HF directory every engine starts from. log_dir: engine logs and the
+    replacement journal. placement_group / engine_bundles: the Ray placement group and engine
+    j's bundle in it (None: no placement group, one engine). engine_resources: each engine
+    actor's Ray resources. device: "cpu" or "cuda". engine_gpu_ids: per engine, the GPU ids it
+    is handed (a colocated engine over several GPUs); empty: what Ray gives its actor.
+    """
+
+    model_path: str
+    log_dir: str
+    placement_group: Any = None
+    engine_bundles: tuple[int | None, ...] = (None,)
+    engine_resources: Mapping[str, float] = field(default_factory=dict)
+    device: str = "cpu"
+    engine_gpu_ids: tuple[tuple[int, ...], ...] = ()
+
+
 class EnginePool:
     """Not an actor: lives in the rollout manager's event loop (its methods are coroutines)."""
 
-    def __init__(
-        self,
-        spec: RLJobSpec,
-        *,
-        model_path: str,
-        log_dir: str,
-        placement_group: Any = None,
-        engine_bundles: list[int] | None = None,
-        engine_resources: dict[str, float] | None = None,
-        device: str = "cpu",
-        engine_gpu_ids: list[tuple[int, ...]] | None = None,
-    ):
+    def __init__(self, spec: RLJobSpec, config: PoolConfig):
         self.spec = spec
-        self.model_path = model_path
-        self.log_dir = log_dir
-        self._placement_group = placement_group
-        self._engine_gpu_ids = engine_gpu_ids or []  # per engine; empty: what Ray gives its actor
-        self._engine_bundles = engine_bundles or [None]
-        self._engine_resources = engine_resources or {}
-        self._device = device
+        self.config = config
+        self.model_path = config.model_path
+        self.log_dir = config.log_dir
         self._engines: list[Any] = []  # EngineActor handles
         self._urls: list[str] = []
         self._router = None
@@ -138,18 +144,19 @@ class EnginePool:
 
         actor_cls = ray.remote(EngineActor)
         engines = []
-        for j, bundle in enumerate(self._engine_bundles):
+        config = self.config
+        for j, bundle in enumerate(config.engine_bundles):
             options: dict[str, Any] = {
-                "num_cpus": self._engine_resources.get("CPU", 0),
-                "num_gpus": self._engine_resources.get("GPU", 0),
+                "num_cpus": config.engine_resources.get("CPU", 0),
+                "num_gpus": config.engine_resources.get("GPU", 0),
             }
-            if self._placement_group is not None and bundle is not None:
+            if config.placement_group is not None and bundle is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=self._placement_group, placement_group_bundle_index=bundle
+                    placement_group=config.placement_group, placement_group_bundle_index=bundle
                 )
-            gpus = self._engine_gpu_ids[j] if j < len(self._engine_gpu_ids) else ()
+            gpus = config.engine_gpu_ids[j] if j < len(config.engine_gpu_ids) else ()
             arguments = engine_actor_options(
-                self.spec, j, model_path=self.model_path, log_dir=self.log_dir, device=self._device, gpu_ids=gpus
+                self.spec, j, model_path=config.model_path, log_dir=config.log_dir, device=config.device, gpu_ids=gpus
             )
             engines.append(actor_cls.options(**options).remote(**arguments))
         return engines

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkube_runtime.actors.engine_pool import PoolConfig
 from rlkube_runtime.actors.rollout_manager import RolloutManager
 from rlkube_runtime.weight_sync.coordinator import SyncReport
 from rlkube_runtime.weight_sync.plan import SyncPlan
@@ -19,15 +20,12 @@ class RolloutGroup:
         self.handle = handle
 
     @classmethod
-    def start(cls, spec: dict[str, Any], *, model_path: str, log_dir: str, resources: dict[str, float],
-              **placement: Any) -> RolloutGroup:
-        """The manager actor, not yet started (see `start_ref`); `placement` as EnginePool takes it."""
+    def start(cls, spec: dict[str, Any], pool: PoolConfig, *, resources: dict[str, float]) -> RolloutGroup:
+        """The manager actor (Ray `resources` beside its CPU share), not yet started (see `start_ref`)."""
         import ray
 
         manager_cls = ray.remote(RolloutManager)
-        handle = manager_cls.options(num_cpus=0, max_concurrency=16, resources=resources).remote(
-            spec, model_path=model_path, log_dir=log_dir, **placement
-        )
+        handle = manager_cls.options(num_cpus=0, max_concurrency=16, resources=resources).remote(spec, pool)
         return cls(handle)
 
     def start_ref(self) -> Any:

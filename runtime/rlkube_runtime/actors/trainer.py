@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rlkube_runtime.algorithms import compute_advantages, compute_approx_kl
+from rlkube_runtime.algorithms import AdvantageConfig, compute_approx_kl
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.trainer.batch import TrainBatch
@@ -48,6 +48,7 @@ class TrainerWorker:
         # weights of a resumed run), not from spec.model.hfCheckpoint.
         self.config = TrainerConfig.from_spec(self.spec, hf_checkpoint=hf_checkpoint)
         self.backend = build_backend(self.spec, self.config, device=device)
+        self.advantages = AdvantageConfig.from_spec(self.spec)
         self.rank = rank
         self._sender = None  # a weight_sync.WeightSender, made at the first push
         self._last_advantages: list[torch.Tensor] = []
@@ -81,16 +82,8 @@ class TrainerWorker:
                 compute_approx_kl(o, r, algo.kl_loss_type)
                 for o, r in zip(old.log_probs, ref.log_probs)
             ]
-        advantages, _returns = compute_advantages(
-            algo.advantage_estimator,
-            rewards=[float(s.reward) for s in batch_samples],
-            group_size=self.spec.rollout.n_samples_per_prompt,
-            loss_masks=batch.loss_masks,
-            kl=kl,
-            gamma=algo.gamma,
-            gae_lambda=algo.gae_lambda,
-            kl_coef=algo.kl_coef,
-            grpo_std_normalization=algo.grpo_std_normalization,
+        advantages, _returns = self.advantages.compute(
+            rewards=[float(s.reward) for s in batch_samples], loss_masks=batch.loss_masks, kl=kl
         )
         batch = batch.with_fields(advantages=[a.float() for a in advantages])
         self._last_advantages = batch.advantages

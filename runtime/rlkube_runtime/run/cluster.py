@@ -82,6 +82,7 @@ def _start_actors(plan: RunPlan, topology, sync):
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from rlkube_runtime.actors.engine_pool import PoolConfig
     from rlkube_runtime.actors.rollout_group import RolloutGroup
     from rlkube_runtime.actors.trainer_group import TrainerGroup
     from rlkube_runtime.spec.contract import ROUTER_RESOURCE
@@ -114,16 +115,15 @@ def _start_actors(plan: RunPlan, topology, sync):
                 "of the trainer ranks they share, and rollout-only starts none; use resources.placement: separate"
             )
         engine_gpus = colocated_engine_gpus(trainers.gpus(), topology.gpus_per_engine)
-    rollouts = RolloutGroup.start(
-        spec_dict,
+    pool = PoolConfig(
         model_path=plan.model_path,
         log_dir=str(plan.output_dir / "logs"),
-        resources=router_pod,
         placement_group=group,
-        engine_bundles=list(topology.engine_bundles),
-        engine_resources=topology.engine_actor_resources,
+        engine_bundles=tuple(topology.engine_bundles),
+        engine_resources=dict(topology.engine_actor_resources),
         device=topology.device,
-        engine_gpu_ids=engine_gpus,
+        engine_gpu_ids=tuple(engine_gpus or ()),
     )
+    rollouts = RolloutGroup.start(spec_dict, pool, resources=router_pod)
     ray.get((trainers.ready_refs() if trainers is not None else []) + [rollouts.start_ref()])
     return trainers, rollouts

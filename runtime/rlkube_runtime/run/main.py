@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from rlkube_runtime.run.plan import InvalidSpec, RunError, RunMode, prepare_run
+from rlkube_runtime.run.plan import RunError, RunMode, prepare_run
 from rlkube_runtime.spec.contract import PREEMPTED_EXIT_CODE
 from rlkube_runtime.spec.load import SpecError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from rlkube_runtime.spec import RLJob
 from rlkube_runtime.spec.load import load_rljobs
@@ -174,17 +174,6 @@ def _check_data(job: RLJob, model_path: str) -> None:
     try:
         load_prompt_dataset_from_spec(job.spec.data, tokenizer=tokenizer)
         for dataset in job.spec.eval.datasets:
-            load_prompt_dataset_from_spec(_eval_data_spec(job, dataset), tokenizer=tokenizer)
+            load_prompt_dataset_from_spec(dataset.data_spec(job.spec.data), tokenizer=tokenizer)
     except (DatasetError, FileNotFoundError, OSError) as err:
         raise RunError(f"spec.data.promptData: {err}") from None
-
-
-def _eval_data_spec(job: RLJob, dataset) -> Any:
-    data = job.spec.data
-    return data.model_copy(
-        update={
-            "prompt_data": dataset.path,
-            "input_key": dataset.input_key or data.input_key,
-            "label_key": dataset.label_key or data.label_key,
-        }
-    )

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
