@@ -24,8 +24,8 @@ practically every sample, so the advantages are 0; both sides still run the full
 backward and optimizer step (neither skips zero-advantage batches). Learning is not measured.
 
 What is measured, per rollout (rollout 0 of each side is warm-up; medians are over the rest):
-  - rlkube: every `perf/*` key of the run's metrics.jsonl, as the driver (runtime/rlkube_runtime/
-    driver.py) defines it at the measured revision, plus `rollout/response_len/mean`. The summary
+  - rlkube: every `perf/*` key of the run's metrics.jsonl, as the loop (runtime/rlkube_runtime/
+    run/loop.py) defines it at the measured revision, plus `rollout/response_len/mean`. The summary
     rows use perf/rollout_time (generate: generation + reward), perf/actor_train_time (train),
     perf/update_weights_time (weight sync), the sum of any offload/onload/release/resume keys
     (memory hand-off, when the driver reports it separately) and perf/step_time (step). The last
@@ -523,7 +523,7 @@ def _stage_series(side: Side, samples: int) -> dict[str, list[float]]:
             sync = r.get("perf/update_weights_time", math.nan)
             handoff = [v for k, v in r.items() if k.startswith("perf/") and HANDOFF_KEY.search(k)]
             length = r.get("rollout/response_len/mean", math.nan)
-            # The driver times these stages one after the other (driver.py, _train), so
+            # The loop times these stages one after the other (run/loop.py, train), so
             # what is left of the step is Ray calls, eval, checkpoints and logging.
             other = step - gen - train - (0.0 if math.isnan(sync) else sync) - sum(handoff)
             row = {
