@@ -32,6 +32,12 @@ class RolloutGroup:
         """Starts the engines and the router; the ref to wait for (with the trainers' readiness)."""
         return self.handle.start.remote()
 
+    @staticmethod
+    def wait_started(started: Any) -> None:
+        import ray
+
+        ray.get(started)
+
     # -- generation -----------------------------------------------------------------------
 
     def generate(self, rollout_id: int) -> Any:

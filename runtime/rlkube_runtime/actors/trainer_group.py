@@ -54,9 +54,11 @@ class TrainerGroup:
         ]
         return cls(handles, sync)
 
-    def ready_refs(self) -> list[Any]:
-        """What to wait for until every rank has built its model (the caller waits for the engines too)."""
-        return [t.ready.remote() for t in self.handles]
+    def wait_ready(self, also: list[Any] = ()) -> None:
+        """Until every rank has built its model, and the refs in `also` (the engines' start) are done."""
+        import ray
+
+        ray.get([t.ready.remote() for t in self.handles] + list(also))
 
     def gpus(self) -> list[tuple[str, list[int]]]:
         """Every rank's (node IP, GPU ids), rank order."""

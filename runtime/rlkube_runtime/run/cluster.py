@@ -99,7 +99,7 @@ def _start_actors(plan: RunPlan, topology, sync):
         trainers = TrainerGroup.start(spec_dict, model_path=plan.model_path, topology=topology, in_bundle=in_bundle,
                                       sync=sync)
     if not plan.generates:
-        ray.get(trainers.ready_refs())
+        trainers.wait_ready()
         return trainers, None
     # The router runs inside the manager's process: on a rollout pod when the operator made some.
     router_pod = {ROUTER_RESOURCE: 0.01} if ROUTER_RESOURCE in ray.cluster_resources() else {}
@@ -125,5 +125,10 @@ def _start_actors(plan: RunPlan, topology, sync):
         engine_gpu_ids=tuple(engine_gpus or ()),
     )
     rollouts = RolloutGroup.start(spec_dict, pool, resources=router_pod)
-    ray.get((trainers.ready_refs() if trainers is not None else []) + [rollouts.start_ref()])
+    # Engines and trainer ranks load their models at the same time.
+    started = rollouts.start_ref()
+    if trainers is not None:
+        trainers.wait_ready(also=[started])
+    else:
+        rollouts.wait_started(started)
     return trainers, rollouts
