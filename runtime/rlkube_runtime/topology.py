@@ -176,9 +176,3 @@ def colocated_engine_gpus(trainer_gpus: list[tuple[str, list[int]]], gpus_per_en
             )
         engines.append(tuple(gpu for _, gpus in ranks for gpu in gpus))
     return engines
-
-
-def engine_dtype(model_dtype: str, device: str) -> str:
-    """The dtype rollout engines hold the weights in (and weight syncs send): the training dtype
-    on a GPU; float32 on a CPU, where bf16 kernels are slow and the trainer computes in float32."""
-    return model_dtype if device == "cuda" else "float32"

@@ -209,8 +209,8 @@ class EnginePool:
         urls = urls or {j: self._urls[j] for j in engines}
         return await run_sync(self._sync_plan, self._push_from, {j: urls[j] for j in engines}, version)
 
-    async def _push_from(self, rank: int, urls: list[str], transport: str, version: str, disk_dir: str | None):
-        return await self._pushers[rank].push_weights.remote(urls, transport, version, disk_dir)
+    async def _push_from(self, rank: int, urls: list[str], plan: SyncPlan, version: str) -> SyncReport:
+        return await self._pushers[rank].push_weights.remote(urls, plan, version)
 
     async def release_memory(self, tags: list[str] | None = None) -> None:
         """Every engine frees `tags` (weights, kv_cache, cuda_graph; default all) until resumed."""

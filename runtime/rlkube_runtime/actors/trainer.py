@@ -142,25 +142,26 @@ class TrainerWorker:
     def load_distributed(self, directory: str) -> None:
         self.backend.load_distributed(directory)
 
-    def push_weights(self, urls: list[str], transport: str, version: str, disk_dir: str | None = None):
-        """Load this rank's weights into the engines at `urls` (paused and flushed by the rollout
-        manager); returns the `weight_sync.SyncReport`."""
-        return self._weight_sender().push(urls, transport=transport, version=version, disk_dir=disk_dir)
+    def push_weights(self, urls: list[str], plan, version: str):
+        """Load this rank's weights into the engines at `urls` (paused and flushed by the engine
+        pool) as the `weight_sync.SyncPlan` says; returns the `weight_sync.SyncReport`."""
+        return self._weight_sender(plan).push(urls, transport=plan.transport, version=version, disk_dir=plan.disk_dir)
 
-    def _weight_sender(self):
+    def _weight_sender(self, plan):
+        """This rank's WeightSender, made at the first push (it keeps its staging buffer and
+        process groups for the run)."""
         if self._sender is None:
             from rlkube_runtime.serving.launch import node_ip
-            from rlkube_runtime.topology import engine_dtype
             from rlkube_runtime.weight_sync import WeightSender
 
             self._sender = WeightSender(
                 _PushView(self.backend),
-                dtype=getattr(torch, engine_dtype(self.spec.model.dtype, self.backend.device.type)),
-                bucket_bytes=self.spec.training.update_weight_buffer_mb << 20,
+                dtype=getattr(torch, plan.dtype),
+                bucket_bytes=plan.bucket_bytes,
                 device=self.backend.device,
                 node_ip=node_ip(),
                 save_hf=self.save_hf,
-                engine_ranks=self.spec.rollout.gpus_per_engine if self.backend.device.type == "cuda" else 1,
+                engine_ranks=plan.engine_ranks,
             )
         return self._sender
 

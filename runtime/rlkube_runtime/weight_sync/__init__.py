@@ -11,8 +11,8 @@ weights itself.
 
 from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
 from rlkube_runtime.weight_sync.coordinator import SyncReport, run_sync
-from rlkube_runtime.weight_sync.plan import TRANSPORTS, SyncPlan, plan_sync, weight_sync_transport
+from rlkube_runtime.weight_sync.plan import TRANSPORTS, SyncPlan, engine_dtype, plan_sync, weight_sync_transport
 from rlkube_runtime.weight_sync.sender import WeightSender
 
-__all__ = ["Piece", "plan_buckets", "TRANSPORTS", "SyncPlan", "SyncReport", "WeightSender", "plan_sync", "run_sync",
+__all__ = ["Piece", "plan_buckets", "TRANSPORTS", "SyncPlan", "SyncReport", "WeightSender", "engine_dtype", "plan_sync", "run_sync",
            "weight_sync_transport"]

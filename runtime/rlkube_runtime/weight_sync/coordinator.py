@@ -43,15 +43,14 @@ class SyncReport:
         return {"perf/update_weights_push_time": self.seconds, "perf/update_weights_bytes": float(self.bytes_per_engine)}
 
 
-Push = Callable[[int, list[str], str, str, "str | None"], Awaitable[SyncReport]]
+Push = Callable[[int, list[str], SyncPlan, str], Awaitable[SyncReport]]
 
 
 async def run_sync(plan: SyncPlan, push: Push, urls: dict[int, str], version: str) -> SyncReport:
     """Push `version` to the engines `urls` ({engine index: URL}), each from its rank in `plan`:
-    `push(rank, urls, transport, version, disk_dir)` is that rank's WeightSender.push."""
+    `push(rank, urls, plan, version)` has that rank's WeightSender push as the plan says."""
     groups = plan.by_pusher(sorted(urls))
     reports = await asyncio.gather(*(
-        push(rank, [urls[j] for j in engines], plan.transport, version, plan.disk_dir)
-        for rank, engines in groups.items()
+        push(rank, [urls[j] for j in engines], plan, version) for rank, engines in groups.items()
     ))
     return SyncReport.merged(plan.transport, version, list(reports))

@@ -1,5 +1,5 @@
-"""Which trainer rank sends the weights to which engine, and by which transport: decided once,
-from the spec and the topology, before any actor starts."""
+"""Which trainer rank sends the weights to which engine, by which transport, in which dtype and
+buckets: decided once, from the spec and the topology, before any actor starts."""
 
 from __future__ import annotations
 
@@ -12,11 +12,17 @@ TRANSPORTS = ("tensor", "distributed", "http", "disk")
 class SyncPlan:
     """pusher_of_engine[j]: the trainer rank that pushes to engine j (for `tensor` the rank on
     the engine's GPU, otherwise rank 0). disk_dir: where the `disk` transport writes its HF
-    directories (storage every engine reads)."""
+    directories (storage every engine reads). dtype: what the engines hold and the tensors
+    travel in (`engine_dtype`). bucket_bytes: the most tensor bytes of one bucket
+    (spec.training.updateWeightBufferMb). engine_ranks: an engine's GPUs (tensor-parallel
+    ranks), each a member of a `distributed` group."""
 
     pusher_of_engine: tuple[int, ...] = ()
     transport: str = "http"
     disk_dir: str | None = None
+    dtype: str = "float32"
+    bucket_bytes: int = 128 << 20
+    engine_ranks: int = 1
 
     @property
     def pushing_ranks(self) -> frozenset[int]:
@@ -44,7 +50,18 @@ def plan_sync(spec, topology, *, disk_dir: str | None = None) -> SyncPlan:
     for bundle in topology.engine_bundles:
         shares = transport == "tensor" and bundle in topology.trainer_bundles
         owners.append(topology.trainer_bundles.index(bundle) if shares else 0)
-    return SyncPlan(tuple(owners), transport, disk_dir)
+    return SyncPlan(
+        tuple(owners), transport, disk_dir,
+        dtype=engine_dtype(spec.model.dtype, topology.device),
+        bucket_bytes=spec.training.update_weight_buffer_mb << 20,
+        engine_ranks=spec.rollout.gpus_per_engine if topology.device == "cuda" else 1,
+    )
+
+
+def engine_dtype(model_dtype: str, device: str) -> str:
+    """The dtype rollout engines hold the weights in (and weight syncs send): the training dtype
+    on a GPU; float32 on a CPU, where bf16 kernels are slow and the trainer computes in float32."""
+    return model_dtype if device == "cuda" else "float32"
 
 
 def weight_sync_transport(requested: str, *, placement: str, device: str, engine: str, gpus_per_engine: int) -> str:
