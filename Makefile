@@ -12,6 +12,8 @@ PYTEST = $(IN_VENV) $(VENV_BIN)/python -m pytest
 HAVE_PYTHON = command -v $(PYTHON) >/dev/null || { echo "make: missing prerequisite: $(PYTHON) (Python 3.10+, 3.11+ for make test) is not on PATH: apt-get install python3 python3-venv, or make PYTHON=/path/to/python3" >&2; exit 1; }
 # The unit tier: no control plane, no training runs; the inner loop (budget: 2 minutes).
 FAST = -m "not slow and not controlplane"
+# Two pytest-xdist workers; tests sharing a session fixture stay on one (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 .PHONY: run test test-fast test-suite venv venv-dev controlplane check-run check-test
 
@@ -25,11 +27,11 @@ test:
 	echo "make test: exit $$rc after $$((took / 60)) min $$((took % 60)) s (set-up and suite)"; exit $$rc
 
 test-suite: venv-dev controlplane
-	$(PYTEST) -ra --durations=30
+	$(PYTEST) -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
-## test-fast: the unit tests only (no control plane, no training runs)
-test-fast: venv-dev
-	$(PYTEST) -q $(FAST)
+## test-fast: the unit tests only (no control plane running, no training runs; helm and promtool from the build)
+test-fast: venv-dev controlplane
+	$(PYTEST) -q $(FAST) -n $(TEST_WORKERS) --dist loadgroup
 
 check-run:
 	@$(HAVE_PYTHON)

@@ -3,7 +3,8 @@
     python3 scripts/check_prereqs.py run     # Python >= 3.10 with venv (python3-venv)
     python3 scripts/check_prereqs.py test    # Python >= 3.11 with venv; Go >= 1.24 unless the test
                                              # control plane is already built; prometheus and
-                                             # promtool, or apt-get to install them
+                                             # promtool, or apt-get to install them; root
+                                             # and iproute2 (network namespaces)
 
 Each missing piece is named with the command that provides it; the exit code is 1 when any is
 missing. The Go minimum is read from the control plane's go.mod files, so it cannot drift from
@@ -104,6 +105,17 @@ def check_prometheus():
     return []  # tests/controlplane/build.sh installs them with apt-get
 
 
+def check_netns():
+    """The multi-node test gives each Ray node a network namespace of its own (`ip netns`, as root)."""
+    why = "the multi-node test (tests/integration/test_multi_node.py) puts each Ray node in a network namespace"
+    problems = []
+    if os.geteuid() != 0:
+        problems.append(why + ", which needs root: run make test as root (CI does)")
+    if not shutil.which("ip"):
+        problems.append(why + " with iproute2's ip: apt-get install iproute2")
+    return problems
+
+
 def main(argv):
     if len(argv) != 2 or argv[1] not in ("run", "test"):
         print("usage: %s run|test" % argv[0], file=sys.stderr)
@@ -112,7 +124,7 @@ def main(argv):
     if target == "run":
         problems = check_python(RUN_PYTHON)
     else:
-        problems = check_python(TEST_PYTHON) + check_go() + check_prometheus()
+        problems = check_python(TEST_PYTHON) + check_go() + check_prometheus() + check_netns()
         if not shutil.which("flock"):
             problems.append("flock is missing (tests/controlplane/build.sh locks its cache with it): apt-get install util-linux")
     for problem in problems:

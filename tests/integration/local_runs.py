@@ -41,14 +41,16 @@ def write_local_tiny(tmp_path: Path, name: str, **overrides) -> Path:
     return path
 
 
-def rlkube_run_command(job: Path, out: Path, args: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "rlkube_runtime.cli", "run", str(job), "--output-dir", str(out), *args]
+def rlkube_run_command(job: Path, out: Path, args: Sequence[str] = (), prefix: Sequence[str] = ()) -> list[str]:
+    """`prefix` runs it through another command (`ip netns exec NS`: in a network namespace)."""
+    return [*prefix, sys.executable, "-m", "rlkube_runtime.cli", "run", str(job), "--output-dir", str(out), *args]
 
 
 class LocalRun:
     """`rlkube run` in its own process group (so a test can kill all of it), output in `log_path`."""
 
-    def __init__(self, job: Path, out: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()):
+    def __init__(self, job: Path, out: Path, env: dict[str, str] | None = None, args: Sequence[str] = (),
+                 prefix: Sequence[str] = ()):
         self.out = out
         attempt = 1  # a resumed run writes into the same output directory: one log per start
         while (out.parent / f"{out.name}.run{attempt}.log").exists():
@@ -56,7 +58,7 @@ class LocalRun:
         self.log_path = out.parent / f"{out.name}.run{attempt}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                rlkube_run_command(job, out, args),
+                rlkube_run_command(job, out, args, prefix),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -99,9 +101,10 @@ class LocalRun:
         raise AssertionError(f"{why}\n--- run output ---\n{self.output[-4000:]}\n{report}")
 
 
-def start_run(job: Path, out: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()) -> LocalRun:
-    """`rlkube run job --output-dir out *args`."""
-    return LocalRun(job, out, env, args)
+def start_run(job: Path, out: Path, env: dict[str, str] | None = None, args: Sequence[str] = (),
+              prefix: Sequence[str] = ()) -> LocalRun:
+    """`rlkube run job --output-dir out *args` (after `prefix`)."""
+    return LocalRun(job, out, env, args, prefix)
 
 
 # The run's own processes: the driver, its actors and the engines (not Ray's agents and daemons).

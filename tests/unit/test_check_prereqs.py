@@ -38,7 +38,7 @@ def test_the_go_minimum_is_the_control_planes_go_mod_and_the_readme_states_every
     assert check_prereqs.go_minimum() == max((int(a), int(b)) for a, b in directives)
     readme = (REPO / "README.md").read_text()
     go = "Go %d.%d" % check_prereqs.go_minimum()
-    for needed in ("Python %d.%d" % check_prereqs.RUN_PYTHON, "Python %d.%d" % check_prereqs.TEST_PYTHON, go, "apt-get install prometheus"):
+    for needed in ("Python %d.%d" % check_prereqs.RUN_PYTHON, "Python %d.%d" % check_prereqs.TEST_PYTHON, go, "apt-get install prometheus", "iproute2"):
         assert needed in readme, needed
     requires = re.search(r'requires-python = ">=(\d+)\.(\d+)"', (REPO / "pyproject.toml").read_text()).groups()
     assert tuple(int(v) for v in requires) == check_prereqs.RUN_PYTHON
@@ -69,6 +69,16 @@ def test_prometheus_without_apt_get_is_named(bare_path):
     _fake_tool(bare_path, "prometheus", "")
     _fake_tool(bare_path, "promtool", "")
     assert check_prereqs.check_prometheus() == []
+
+
+def test_network_namespaces_ask_for_root_and_iproute2(bare_path, monkeypatch):
+    monkeypatch.setattr(check_prereqs.os, "geteuid", lambda: 1000)
+    no_root, no_ip = check_prereqs.check_netns()
+    assert "network namespace" in no_root and "root" in no_root
+    assert "apt-get install iproute2" in no_ip
+    monkeypatch.setattr(check_prereqs.os, "geteuid", lambda: 0)
+    _fake_tool(bare_path, "ip", "")
+    assert check_prereqs.check_netns() == []
 
 
 def test_the_make_targets_run_the_check_before_making_the_venv():

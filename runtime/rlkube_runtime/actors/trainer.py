@@ -14,6 +14,14 @@ import torch
 
 from rlkube_runtime.algorithms import AdvantageConfig, compute_approx_kl
 from rlkube_runtime.data.sample import Sample
+from rlkube_runtime.node_network import (
+    NodeNetworkError,
+    check_ranks_reach_each_other,
+    describe_node,
+    rendezvous_store,
+    socket_ifname_env,
+)
+from rlkube_runtime.serving.launch import node_ip
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.trainer.batch import TrainBatch
 from rlkube_runtime.trainer.config import TrainerConfig
@@ -40,10 +48,12 @@ class TrainerWorker:
         check_trainer_supports(self.spec)
         if num_threads:
             torch.set_num_threads(num_threads)
+        # Before any process group (the ranks' own, the weight groups to the engines): gloo and
+        # NCCL listen on this node's address, not on what the host name resolves to.
+        address = node_ip()
+        os.environ.update(socket_ifname_env(address, os.environ))
         if world_size > 1:
-            os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-            backend = "nccl" if device == "cuda" else "gloo"
-            torch.distributed.init_process_group(backend, rank=rank, world_size=world_size)
+            _join_ranks("nccl" if device == "cuda" else "gloo", rank, world_size, master_addr, master_port, address)
         # The model comes from the run's plan (a built tiny checkpoint, the HF checkpoint, or the
         # weights of a resumed run), not from spec.model.hfCheckpoint.
         self.config = TrainerConfig.from_spec(self.spec, hf_checkpoint=hf_checkpoint)
@@ -60,8 +70,6 @@ class TrainerWorker:
         """(this rank's node IP, the GPU ids Ray gave it): a colocated engine over several GPUs is
         handed its ranks' GPUs by id."""
         import ray
-
-        from rlkube_runtime.serving.launch import node_ip
 
         return node_ip(), [int(i) for i in ray.get_gpu_ids()]
 
@@ -151,7 +159,6 @@ class TrainerWorker:
         """This rank's WeightSender, made at the first push (it keeps its staging buffer and
         process groups for the run)."""
         if self._sender is None:
-            from rlkube_runtime.serving.launch import node_ip
             from rlkube_runtime.weight_sync import WeightSender
 
             self._sender = WeightSender(
@@ -189,6 +196,25 @@ class TrainerWorker:
 
     def restore(self) -> None:
         self.backend.restore()
+
+
+def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, master_port: int, address: str) -> None:
+    """The default process group of the trainer ranks: they meet at rank 0's node, check that each
+    reaches every other at its node `address`, then build the group on that store."""
+    node = describe_node(address)
+    store = rendezvous_store(master_addr, master_port, rank, world_size, node)
+    check_ranks_reach_each_other(store, rank, world_size, address)
+    try:
+        torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+    except RuntimeError as err:
+        # The ranks reached each other at their node addresses a moment ago: if the group cannot
+        # connect, what is left is the interface gloo or NCCL was told to listen on.
+        chosen = ", ".join(f"{var}={os.environ.get(var, '(unset)')}" for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"))
+        raise NodeNetworkError(
+            f"trainer rank {rank} on {node}: the {backend} process group of {world_size} ranks did not form ({chosen}): "
+            f"{err}. The ranks do reach each other at their node addresses; if the group could not connect, the "
+            "interface named must be one the pods reach each other on"
+        ) from err
 
 
 class _PushView(torch.nn.Module):

@@ -213,7 +213,7 @@ class Engine:
 
     async def init_weights_update_group(self, body: Any) -> dict[str, Any]:
         spec = protocol.parse_init_weights_update_group(body)
-        group = await asyncio.to_thread(weight_groups.open_group, spec, self.scheduler.device)
+        group = await asyncio.to_thread(weight_groups.open_group, spec, self.scheduler.device, self.config.host)
         self._groups[spec.group_name] = group
         return {"success": True, "message": f"Joined weight update group {spec.group_name!r} as rank {spec.rank_offset}."}
 

@@ -23,11 +23,20 @@ log = logging.getLogger(__name__)
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
 
 
-def open_group(spec: GroupSpec, device: torch.device) -> dist.ProcessGroup:
-    """Join the group rank 0 created (blocks until its store answers)."""
+def open_group(spec: GroupSpec, device: torch.device, host: str) -> dist.ProcessGroup:
+    """Join the group rank 0 created (blocks until its store answers); `host` is the address this
+    engine serves on, named in errors. gloo and NCCL listen where GLOO_SOCKET_IFNAME and
+    NCCL_SOCKET_IFNAME say, which the launcher sets to the interface holding `host`."""
     if spec.backend == "nccl" and device.type != "cuda":
         raise ProtocolError("backend", f"'nccl' needs a GPU; this engine runs on {device.type}: use 'gloo'")
-    store = dist.TCPStore(spec.master_address, spec.master_port, spec.world_size, False, timeout=GROUP_TIMEOUT)
+    try:
+        store = dist.TCPStore(spec.master_address, spec.master_port, spec.world_size, False, timeout=GROUP_TIMEOUT)
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"the engine at {host} could not reach the trainer's weight update group {spec.group_name!r} at "
+            f"{spec.master_address}:{spec.master_port} within {GROUP_TIMEOUT.total_seconds():.0f} s: {err}; the "
+            "rollout pods must reach the trainer pods at their node addresses (NetworkPolicy, firewall)"
+        ) from err
     if spec.backend == "nccl":
         torch.cuda.set_device(device)
         return dist.ProcessGroupNCCL(store, spec.rank_offset, spec.world_size, GROUP_TIMEOUT)

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlkube_runtime import proc
+from rlkube_runtime.node_network import socket_ifname_env
 from rlkube_runtime.serving.sglang_args import (
     ArgValue,
     EngineNode,
@@ -158,11 +159,8 @@ class EngineProcess(ManagedProcess):
             nccl_port = _other_free_port(spec.host, port)
         self.nccl_port = nccl_port
         self.url = f"http://{spec.host}:{port}"
-        env = dict(spec.env)
-        if spec.gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_ids)
         log_path = pathlib.Path(spec.log_dir) / f"{spec.name}.log"
-        super().__init__(engine_command(spec, port, self.nccl_port), log_path=log_path, env=env)
+        super().__init__(engine_command(spec, port, self.nccl_port), log_path=log_path, env=engine_env(spec, os.environ))
 
     def wait_ready(self) -> EngineProcess:
         """Ready as slime counts it: `/health_generate` answers 200, a real one-token generation
@@ -183,6 +181,17 @@ class EngineProcess(ManagedProcess):
         self.stop()
         spec = dataclasses.replace(self.spec, name=name or self.spec.name)
         return EngineProcess(spec, free_port(spec.host)).wait_ready()
+
+
+def engine_env(spec: EngineLaunchSpec, environ: Mapping[str, str], interfaces: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
+    """What an engine process gets on top of the launcher's `environ`: GLOO_SOCKET_IFNAME and
+    NCCL_SOCKET_IFNAME naming the interface that holds the address it serves on (so the weight
+    update groups it joins, and SGLang's own NCCL, listen there) unless `environ` has them,
+    `spec.env`, and its GPUs. `interfaces` (name -> addresses): this machine's when None."""
+    env = {**socket_ifname_env(spec.host, environ, interfaces), **spec.env}
+    if spec.gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_ids)
+    return env
 
 
 def engine_command(spec: EngineLaunchSpec, port: int, nccl_port: int | None = None) -> list[str]:
