@@ -64,7 +64,8 @@ class TrainerWorker:
         self._last_advantages: list[torch.Tensor] = []
 
     def ready(self) -> bool:
-        return True
+        """Once the model is built: whether a push needs `stage_weights` on every rank first."""
+        return self.backend.gathers_for_push
 
     def gpus(self) -> tuple[str, list[int]]:
         """(this rank's node IP, the GPU ids Ray gave it): a colocated engine over several GPUs is

@@ -20,6 +20,7 @@ class TrainerGroup:
     def __init__(self, handles: list[Any], sync: SyncPlan):
         self.handles = list(handles)
         self.sync = sync
+        self._gathers = True  # whether a push gathers the model first; the ranks say so when ready
 
     @classmethod
     def start(cls, spec: dict[str, Any], *, model_path: str, topology, in_bundle, sync: SyncPlan) -> TrainerGroup:
@@ -58,7 +59,8 @@ class TrainerGroup:
         """Until every rank has built its model, and the refs in `also` (the engines' start) are done."""
         import ray
 
-        ray.get([t.ready.remote() for t in self.handles] + list(also))
+        answers = ray.get([t.ready.remote() for t in self.handles] + list(also))
+        self._gathers = any(answers[: len(self.handles)])
 
     def gpus(self) -> list[tuple[str, list[int]]]:
         """Every rank's (node IP, GPU ids), rank order."""
@@ -72,10 +74,11 @@ class TrainerGroup:
         return self._all("train", rollout_id, samples)[0]
 
     def push_weights(self, rollouts, version: int) -> SyncReport:
-        """The current weights into every engine of `rollouts` (a RolloutGroup): every rank gathers
-        what the pushing ranks send (megatron: collective; torch: nothing to do), then the engines
+        """The current weights into every engine of `rollouts` (a RolloutGroup): where the model is
+        sharded (megatron), every rank first gathers what the pushing ranks send; then the engines
         are paused, loaded by their pushing rank and resumed at `version`."""
-        self._all("stage_weights", per_rank=lambda rank: {"keep": rank in self.sync.pushing_ranks})
+        if self._gathers:
+            self._all("stage_weights", per_rank=lambda rank: {"keep": rank in self.sync.pushing_ranks})
         return rollouts.update_weights(version)
 
     def save(self, directory: Path) -> dict[str, Any]:
@@ -111,7 +114,8 @@ class TrainerGroup:
         """The trained weights as a Hugging Face directory, gathered on rank 0 and written there."""
         import ray
 
-        self._all("stage_weights", per_rank=lambda rank: {"keep": rank == 0})
+        if self._gathers:
+            self._all("stage_weights", per_rank=lambda rank: {"keep": rank == 0})
         return ray.get(self.handles[0].save_hf.remote(str(directory)))
 
     def _all(self, method: str, *args: Any, per_rank=None, **kwargs: Any) -> list[Any]:

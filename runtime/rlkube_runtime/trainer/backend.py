@@ -136,6 +136,8 @@ class TrainerBackend(abc.ABC):
     LRSchedule) and `checkpoint_format`, and implement the abstract methods."""
 
     checkpoint_format: ClassVar[str | None] = None
+    # Whether `gather_for_push` does anything (the model is sharded over the ranks).
+    gathers_for_push: ClassVar[bool] = False
     device: torch.device
 
     @abc.abstractmethod

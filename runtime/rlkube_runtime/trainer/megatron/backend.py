@@ -256,6 +256,7 @@ class MegatronBackend(TrainerBackend):
 
     # In a checkpoint directory: every rank's shards under CHECKPOINT_DIR (checkpoint.py).
     checkpoint_format: str | None = "megatron_dist"
+    gathers_for_push = True  # tensor and pipeline ranks each hold a part of the model
 
     def save(self, directory: str | Path) -> None:
         """Collective: this rank's part of the checkpoint in `directory`."""
