@@ -25,7 +25,6 @@ import asyncio
 import json
 import math
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import command_line, median_time, time_train_passes, write_results  # noqa: E402
 from qwen3_shape import QWEN3_06B, TINY, build_checkpoint  # noqa: E402
 
 PARTS = ("ceilings", "engine", "trainer", "sync")
@@ -63,13 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results[part], indent=1, default=str)[:3000], flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
-    command = "python " + " ".join(shlex.quote(a) for a in [_display(Path(__file__)), *(argv or sys.argv[1:])])
-    if args.json:
-        Path(args.json).write_text(json.dumps({"command": command, **results}, indent=1, default=str))
+    command = command_line(__file__, argv or None)
     report = _render(results, command)
     print(report, flush=True)
-    if args.out:
-        Path(args.out).write_text(report)
+    write_results(report, results, command, out=args.out, json_path=args.json)
     return 0 if all("error" not in v for k, v in results.items() if k != "meta") else 1
 
 
@@ -210,31 +207,13 @@ def trainer(args, device, model_dir, results) -> dict:
     if device == "cuda":
         out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         for label, keep in (("offload", False), ("offload_keep_weights", True)):
-            release_s, _ = timed(lambda keep=keep: backend.release_memory(keep_weights=keep), repeat=1)
-            resume_s, _ = timed(backend.resume_memory, repeat=1)
-            release_s, _ = timed(lambda keep=keep: backend.release_memory(keep_weights=keep), repeat=1)  # pinned twins exist now
-            resume_s, _ = timed(backend.resume_memory, repeat=1)
+            release_s, _ = timed(lambda keep=keep: backend.release(keep_weights=keep), repeat=1)
+            resume_s, _ = timed(backend.restore, repeat=1)
+            release_s, _ = timed(lambda keep=keep: backend.release(keep_weights=keep), repeat=1)  # pinned twins exist now
+            resume_s, _ = timed(backend.restore, repeat=1)
             out[f"{label}_s"], out[f"onload_after_{label}_s"] = release_s, resume_s
     del backend
     return out
-
-
-def time_train_passes(backend, batch, flops: float, device: str) -> tuple[dict, dict[str, float]]:
-    """The trainer measurement of every trainer benchmark: median seconds of the forward pass
-    (old log-probs), forward+backward without a step, the optimizer step on those gradients and a
-    whole train_step; model TFLOP/s and tokens/s of forward+backward (`flops` of it). Returns
-    the figures and forward+backward's own metrics."""
-    timed = partial(median_time, device=device)
-    fwd_s, old = timed(lambda: backend.compute_log_probs(batch).log_probs)
-    batch = batch.with_fields(old_log_probs=old)
-    fwd_bwd_s, metrics = timed(lambda: backend.accumulate_gradients(batch))
-    optimizer_s, _ = timed(backend.optimizer.step)  # on the gradients just accumulated
-    step_s, _ = timed(lambda: backend.train_step(batch))
-    tokens = int(sum(batch.total_lengths))
-    return {"samples": len(batch), "tokens": tokens, "forward_s": fwd_s, "forward_backward_s": fwd_bwd_s,
-            "train_step_s": step_s, "optimizer_s": optimizer_s,
-            "model_tflop_per_fwd_bwd": flops / 1e12, "tflops": flops / fwd_bwd_s / 1e12,
-            "tokens_per_s": tokens / fwd_bwd_s}, metrics
 
 
 def grpo_batch(vocab: int, samples: int, prompt_len: int, response_len: int):
@@ -249,19 +228,6 @@ def grpo_batch(vocab: int, samples: int, prompt_len: int, response_len: int):
         loss_masks=[[1] * response_len for _ in range(samples)],
         advantages=[[float(torch.randn(1, generator=g))] * response_len for _ in range(samples)],
     )
-
-
-def median_time(fn, repeat: int = 3, *, device: str):
-    """(median seconds of `repeat` calls, the last call's value), synchronising a GPU around each."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    times = []
-    for _ in range(repeat):
-        sync()
-        started = time.monotonic()
-        value = fn()
-        sync()
-        times.append(time.monotonic() - started)
-    return statistics.median(times), value
 
 
 def _train_flops(config, samples: int, length: int, response: int) -> float:
@@ -360,13 +326,6 @@ def _render(results: dict, command: str) -> str:
 
 def _num(value):
     return value if not isinstance(value, float) or math.isfinite(value) else str(value)
-
-
-def _display(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 if __name__ == "__main__":

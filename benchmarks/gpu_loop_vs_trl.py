@@ -24,8 +24,8 @@ practically every sample, so the advantages are 0; both sides still run the full
 backward and optimizer step (neither skips zero-advantage batches). Learning is not measured.
 
 What is measured, per rollout (rollout 0 of each side is warm-up; medians are over the rest):
-  - rlkube: every `perf/*` key of the run's metrics.jsonl, as the driver (runtime/rlkube_runtime/
-    driver.py) defines it at the measured revision, plus `rollout/response_len/mean`. The summary
+  - rlkube: every `perf/*` key of the run's metrics.jsonl, as the loop (runtime/rlkube_runtime/
+    run/loop.py) defines it at the measured revision, plus `rollout/response_len/mean`. The summary
     rows use perf/rollout_time (generate: generation + reward), perf/actor_train_time (train),
     perf/update_weights_time (weight sync), the sum of any offload/onload/release/resume keys
     (memory hand-off, when the driver reports it separately) and perf/step_time (step). The last
@@ -80,6 +80,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qwen3_shape import QWEN3_06B, SPECIALS, TINY, build_checkpoint  # noqa: E402  (the GPU benchmarks' model)
 from trl_settings import grpo_settings  # noqa: E402
+from _harness import command_line, read_jsonl  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SIDES = ("colocated", "separate", "trl")
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return _build_worker(Path(args.build_worker))
     if args.trl_worker:
         return _trl_worker(Path(args.trl_worker))
-    command = "python " + " ".join(shlex.quote(a) for a in [_display_path(Path(__file__)), *sys.argv[1:]])
+    command = command_line(__file__)
     only = _parse_only(args.only)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rlkube-gpu-bench-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -348,7 +349,7 @@ def _run_rlkube(args: argparse.Namespace, key: str, build: dict, prompts: Path, 
     shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl is appended to: start from nothing
     cmd = [sys.executable, "-m", "rlkube_runtime.cli", "run", str(job), "--output-dir", str(out), "--no-resume"]
     rc, side.wall_s, error = _run_child(cmd, log, timeout=args.timeout, env=env)
-    rows = [r for r in _read_jsonl(out / "metrics.jsonl") if r.get("rollout", -1) >= 0]
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if r.get("rollout", -1) >= 0]
     side.rollouts = sorted(rows, key=lambda r: r["rollout"])
     _finish(side, rc, error, expected=args.rollouts)
     if side.status != "ok":
@@ -522,7 +523,7 @@ def _stage_series(side: Side, samples: int) -> dict[str, list[float]]:
             sync = r.get("perf/update_weights_time", math.nan)
             handoff = [v for k, v in r.items() if k.startswith("perf/") and HANDOFF_KEY.search(k)]
             length = r.get("rollout/response_len/mean", math.nan)
-            # The driver times these stages one after the other (driver.py, _train), so
+            # The loop times these stages one after the other (run/loop.py, train), so
             # what is left of the step is Ray calls, eval, checkpoints and logging.
             other = step - gen - train - (0.0 if math.isnan(sync) else sync) - sum(handoff)
             row = {
@@ -841,18 +842,6 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join([l for l in text.splitlines() if not _SIGNAL_NOISE.search(l)][-lines:])
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line cut short by a killed run
-    return rows
-
-
 def _write_json(path: Path, command: str, args: argparse.Namespace, build: dict, sides: list[Side]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {
@@ -880,13 +869,6 @@ def _fmt(x, digits: int = 2) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return f"{x:,.{digits}f}"
-
-
-def _display_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 if __name__ == "__main__":

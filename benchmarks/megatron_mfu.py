@@ -2,8 +2,8 @@
 (hidden 1024, 28 layers, 16 heads / 8 kv heads, head_dim 128, intermediate 3072, vocabulary
 151,936, tied embeddings), on a GRPO-shaped batch of 64 samples x (128 + 512) tokens.
 
-The method is gpu_components.py's trainer measurement (its time_train_passes): the same batch, the median of
-3 timed calls each of compute_log_probs (forward), accumulate_gradients (forward+backward, no
+The method is the trainer measurement of gpu_components.py (_harness.time_train_passes): the same batch, the median of
+3 timed calls each of log_probs (forward), accumulate_gradients (forward+backward, no
 optimizer step), the optimizer step and a whole train_step; model FLOPs counted by
 gpu_components._train_flops (every layer matmul on every token, the LM head on response
 positions only, causal attention); TFLOP/s as a share of the bf16 matmul ceiling measured in the
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -28,7 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_components import _display, _machine, _num, _train_flops, ceilings, grpo_batch, time_train_passes  # noqa: E402
+from _harness import command_line, time_train_passes, write_results  # noqa: E402
+from gpu_components import _machine, _num, _train_flops, ceilings, grpo_batch  # noqa: E402
 from qwen3_shape import QWEN3_06B, TINY, build_checkpoint, qwen3_config  # noqa: E402
 
 # Dense bf16 peaks (no sparsity), by device name fragment, for MFU against the spec sheet.
@@ -54,15 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         results["ceilings"] = ceilings(args, device, model_dir, results)
     results["megatron_trainer"] = measure(args, device, model_dir, results)
     if rank == 0:
-        command = "python " + " ".join(shlex.quote(a) for a in [_display(Path(__file__)), *(argv or sys.argv[1:])])
+        command = command_line(__file__, argv or None)
         if world > 1:
             command = f"torchrun --nproc-per-node {world} " + command[len("python "):]
         report = render(results, command)
         print(report, flush=True)
-        if args.out:
-            Path(args.out).write_text(report)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"command": command, **results}, indent=1, default=str))
+        write_results(report, results, command, out=args.out, json_path=args.json)
     return 0
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trl_settings import grpo_settings  # noqa: E402  (the TRL settings both TRL benchmarks share)
+from _harness import command_line, loadavg, read_jsonl  # noqa: E402
 
 TASK = "digit-successor"
 LAST_K = 3  # rollouts averaged for the "reward at the end" column
@@ -66,14 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.trl_worker:
         return _trl_worker(Path(args.trl_worker))
     _check_args(args)
-    command = "python " + " ".join(shlex.quote(a) for a in [_display_path(Path(__file__)), *sys.argv[1:]])
+    command = command_line(__file__)
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rlkube-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint = _build_checkpoint(workdir / "tiny-model", seed=args.seed)
     print(f"tiny checkpoint: {checkpoint}", flush=True)
 
-    load_before = _loadavg()
+    load_before = loadavg()
     results = []
     shape = f"{args.rollouts} rollouts of {args.batch_size} x {args.n_samples}"
     if args.only in (None, "rlkube"):
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         for threads in args.trl_threads:
             print(f"--- TRL ({threads or 'default'} torch threads): {shape} ---", flush=True)
             results.append(_run_trl(args, checkpoint, workdir, threads=threads))
-    load_after = _loadavg()
+    load_after = loadavg()
 
     report = _render_report(args, results, command=command, load_before=load_before, load_after=load_after)
     print(report)
@@ -188,7 +189,7 @@ def _run_rlkube(args: argparse.Namespace, checkpoint: Path, workdir: Path) -> Ha
     result = HalfResult("rlkube", ok=False, wall_s=wall, log_path=str(log_path), load=load)
     # driver.py: on CPU the trainer actor runs 1 torch thread; the engine actor runs beside it.
     result.note = "Ray local mode: trainer actor (1 torch thread) + built-in engine (1 thread) behind sglang-router"
-    rows = _read_jsonl(out / "metrics.jsonl")
+    rows = read_jsonl(out / "metrics.jsonl")
     rows = sorted((r for r in rows if r.get("rollout", -1) >= 0), key=lambda r: r["rollout"])
     for r in rows:
         result.step_s.append(float(r["perf/step_time"]))
@@ -332,7 +333,7 @@ def _timed_subprocess(cmd: list[str], log_path: Path, *, timeout: float) -> tupl
     Returns (exit code, wall seconds, last error line, 1-minute load average before -> after).
     """
     start = time.monotonic()
-    load_before = _loadavg().split()[0]
+    load_before = loadavg().split()[0]
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
         log.flush()
@@ -341,7 +342,7 @@ def _timed_subprocess(cmd: list[str], log_path: Path, *, timeout: float) -> tupl
         except subprocess.TimeoutExpired:
             rc = 124
     wall = time.monotonic() - start
-    load = f"{load_before} -> {_loadavg().split()[0]}"
+    load = f"{load_before} -> {loadavg().split()[0]}"
     error = ""
     if rc != 0:
         lines = [l.strip() for l in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if l.strip()]
@@ -350,17 +351,6 @@ def _timed_subprocess(cmd: list[str], log_path: Path, *, timeout: float) -> tupl
     return rc, wall, error, load
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def _machine() -> list[tuple[str, str]]:
@@ -501,13 +491,6 @@ def _render_report(args, results: list[HalfResult], *, command: str, load_before
         "",
     ]
     return "\n".join(lines)
-
-
-def _display_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 if __name__ == "__main__":

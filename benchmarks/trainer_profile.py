@@ -104,7 +104,7 @@ def run_variant(name: str, model_dir: Path, device: str, args, ceiling: float | 
         context = lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)  # noqa: E731
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with context():
-        old = backend.compute_log_probs(batch).log_probs
+        old = backend.log_probs(batch).log_probs
         batch = batch.with_fields(old_log_probs=old)
         started = time.monotonic()
         backend.accumulate_gradients(batch)  # warm-up (compiles, allocator, cuBLAS heuristics)

@@ -62,4 +62,4 @@ async def rayjob_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_
 
 
 def _post_event(body: dict, event: Event) -> None:
-    kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+    kopf.event(body, type=event.type, reason=str(event.reason), message=event.message[:1024])

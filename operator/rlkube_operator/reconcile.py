@@ -58,6 +58,7 @@ from .status import (
     SPEC_CHANGE_IGNORED,
     Attempt,
     ConditionSpec,
+    Reason,
     desired_conditions,
     merge_conditions,
     now_rfc3339,
@@ -65,18 +66,15 @@ from .status import (
     spec_refused_by_runtime,
 )
 
-# The reason of a job failed for its spec, by the operator's validation or the runtime's.
-INVALID_SPEC = "InvalidSpec"
+INVALID_SPEC = Reason.INVALID_SPEC  # kept by name: the operator's tests and the chart read it
 
 # Stamped on a failed RayJob when the operator first sees the failure (RFC 3339).
 FAILED_AT_ANNOTATION = "rlkube.io/failed-at"
 # On each RayJob: how many preemptions came before its attempt (see Preemptions above).
 PREEMPTIONS_ANNOTATION = "rlkube.io/preemptions"
-PREEMPTED = "Preempted"  # the reason of a restart after a preemption
-# The reason of a job failed because it was preempted more often than faultTolerance.maxPreemptions.
-PREEMPTION_LIMIT_EXCEEDED = "PreemptionLimitExceeded"
-# The reason while a repeatedly preempted job waits out its backoff before the next attempt.
-PREEMPTION_BACKOFF = "PreemptedBackoffWaiting"
+PREEMPTED = Reason.PREEMPTED
+PREEMPTION_LIMIT_EXCEEDED = Reason.PREEMPTION_LIMIT_EXCEEDED
+PREEMPTION_BACKOFF = Reason.PREEMPTION_BACKOFF_WAITING
 
 # Fixed for the life of a job (camelCase paths under spec): the checkpoint layout, the data
 # position and the partial-rollout buffer in a checkpoint all depend on them. Read from the
@@ -104,7 +102,7 @@ class Observed:
 @dataclass(frozen=True)
 class Event:
     type: str  # Normal or Warning
-    reason: str
+    reason: Reason | str  # a Reason, or the name of the phase the job entered
     message: str
 
 
@@ -226,17 +224,17 @@ def reconcile(obs: Observed, settings: OperatorSettings) -> Plan:
 
     if d.deadline_left is not None and d.deadline_left <= 0:
         message = f"spec.activeDeadlineSeconds({job.spec.active_deadline_seconds}) passed; the job ran out of time"
-        return d.finish(RLJobPhase.FAILED, "DeadlineExceeded", message,
+        return d.finish(RLJobPhase.FAILED, Reason.DEADLINE_EXCEEDED, message,
                         delete=(d.name,) if d.current is not None else ())
 
     if d.current is None and job.spec.suspend and job.spec.queue_name:
         message = f"suspended: no RayJob while spec.suspend is true; resuming queues {d.name} in {job.spec.queue_name}"
-        return d.active(RLJobPhase.SUSPENDED, "Suspended", message)
+        return d.active(RLJobPhase.SUSPENDED, Reason.SUSPENDED, message)
     if d.current is None:
         return d.start_attempt()
     if d.current["metadata"].get("deletionTimestamp"):
         # Someone deleted the current attempt's RayJob; make it again once it is gone.
-        return d.active(_phase(d.status.get("phase")), "RayJobDeleting", f"RayJob {d.name} is being deleted",
+        return d.active(_phase(d.status.get("phase")), Reason.RAYJOB_DELETING, f"RayJob {d.name} is being deleted",
                         requeue_after=min(2.0, settings.resync_seconds))
 
     attempt = observe_rayjob(d.current, obs.pods)
@@ -312,8 +310,8 @@ class _Decision:
             f"{', '.join(self.obs.conflicts)} already exist(s) and is not owned by this RLJob; delete or rename it "
             "(retrying)"
         )
-        news = (Event("Warning", "NameConflict", message),) if self.status.get("message") != message else ()
-        return self.active(_phase(self.status.get("phase")), "NameConflict", message, events=news)
+        news = (Event("Warning", Reason.NAME_CONFLICT, message),) if self.status.get("message") != message else ()
+        return self.active(_phase(self.status.get("phase")), Reason.NAME_CONFLICT, message, events=news)
 
     def start_attempt(self) -> Plan:
         """Create attempt n's RayJob."""
@@ -348,7 +346,7 @@ class _Decision:
         failures = n - self.preemptions  # restarts after failures so far; backoffLimit bounds these
         if failures >= ft.backoff_limit:
             message = f"{attempt.message}; faultTolerance.backoffLimit({ft.backoff_limit}) restarts used up"
-            return self.finish(RLJobPhase.FAILED, "BackoffLimitExceeded", message, attempt=attempt)
+            return self.finish(RLJobPhase.FAILED, Reason.BACKOFF_LIMIT_EXCEEDED, message, attempt=attempt)
 
         delay = backoff_seconds(failures, ft.backoff_seconds, self.settings.max_backoff_seconds)
         restart_at, stamp = self._failed_at_plus(delay)
@@ -358,13 +356,13 @@ class _Decision:
                 f"{attempt.message}; attempt {n + 1} (restart {failures + 1} of {ft.backoff_limit}) starts at "
                 f"{now_rfc3339(restart_at)} after a {delay:g}s backoff, from the latest checkpoint"
             )
-            return self._wait_until(restart_at, "BackoffWaiting", message, attempt, stamp)
+            return self._wait_until(restart_at, Reason.BACKOFF_WAITING, message, attempt, stamp)
 
         # Backoff over: the next attempt replaces the failed one.
         new = self._rayjob(n + 1)
         message = (f"{attempt.message}; started attempt {n + 1} as RayJob {new['metadata']['name']}, resuming from "
                    "the latest checkpoint")
-        return self._next_attempt(new, "AttemptStarted", message, self.preemptions, restart="failure", patch=stamp)
+        return self._next_attempt(new, Reason.ATTEMPT_STARTED, message, self.preemptions, restart="failure", patch=stamp)
 
     def resume_after_preemption(self, record: dict[str, Any], attempt: Attempt) -> Plan:
         """Attempt n stopped on SIGTERM with its checkpoint saved: attempt n+1 resumes from it, counted
@@ -416,7 +414,7 @@ class _Decision:
             stamp = ((self.name, {"metadata": {"annotations": {FAILED_AT_ANNOTATION: now_rfc3339(now)}}}),)
         return failed_at + timedelta(seconds=delay), stamp
 
-    def _wait_until(self, restart_at: datetime, reason: str, message: str, attempt: Attempt,
+    def _wait_until(self, restart_at: datetime, reason: Reason, message: str, attempt: Attempt,
                     stamp: tuple[tuple[str, dict[str, Any]], ...]) -> Plan:
         """Restarting, the next attempt due at `restart_at`."""
         return self.active(RLJobPhase.RESTARTING, reason, message, attempt=attempt, patch=stamp,
@@ -434,13 +432,13 @@ class _Decision:
         queue = self.current["metadata"]["labels"][render.KUEUE_QUEUE_LABEL]
         if self.job.spec.suspend:
             message = f"deleting RayJob {name} and its place in LocalQueue {queue}; resuming queues it again"
-            return self.active(RLJobPhase.SUSPENDED, "Suspending", message, attempt=attempt, delete=(name,))
+            return self.active(RLJobPhase.SUSPENDED, Reason.SUSPENDING, message, attempt=attempt, delete=(name,))
         if (self.current.get("spec") or {}).get("suspend"):
             message = f"RayJob {name} waits for Kueue to admit it from LocalQueue {queue}"
-            return self.active(RLJobPhase.QUEUED, "Queued", message, attempt=attempt, refresh_configmap=True)
+            return self.active(RLJobPhase.QUEUED, Reason.QUEUED, message, attempt=attempt, refresh_configmap=True)
         if attempt.phase in (RLJobPhase.SUSPENDED, RLJobPhase.PENDING):
             message = f"Kueue admitted RayJob {name}; the Ray cluster is coming up"
-            return self.active(RLJobPhase.STARTING, "Admitted", message, attempt=attempt)
+            return self.active(RLJobPhase.STARTING, Reason.ADMITTED, message, attempt=attempt)
         return self.active(attempt.phase, attempt.reason, attempt.message, attempt=attempt)
 
     def with_own_suspend(self, attempt: Attempt) -> Plan:
@@ -453,29 +451,29 @@ class _Decision:
         # A resumed attempt starts the runtime again: it reads the spec then.
         resuming = bool(patch) and not want
         if want and attempt.phase != RLJobPhase.SUSPENDED:
-            phase, reason, message = (RLJobPhase.SUSPENDED, "Suspending",
+            phase, reason, message = (RLJobPhase.SUSPENDED, Reason.SUSPENDING,
                                       f"suspending RayJob {name}: its pods are being deleted")
         elif not want and attempt.phase == RLJobPhase.SUSPENDED:
-            phase, reason, message = RLJobPhase.STARTING, "Resuming", f"resuming RayJob {name} from the latest checkpoint"
+            phase, reason, message = RLJobPhase.STARTING, Reason.RESUMING, f"resuming RayJob {name} from the latest checkpoint"
         else:
             phase, reason, message = attempt.phase, attempt.reason, attempt.message
         return self.active(phase, reason, message, attempt=attempt, patch=patch, refresh_configmap=resuming)
 
     # --- making the plan ---
 
-    def active(self, phase: RLJobPhase, reason: str, message: str, *, requeue_after: float | None = None,
+    def active(self, phase: RLJobPhase, reason: Reason, message: str, *, requeue_after: float | None = None,
                **actions: Any) -> Plan:
         """A job still going: looked at again after requeue_after seconds, the resync period by default."""
         wait = self.settings.resync_seconds if requeue_after is None else requeue_after
         return self._plan(phase, reason, message, requeue_after=wait, **actions)
 
-    def finish(self, phase: RLJobPhase, reason: str, message: str, **actions: Any) -> Plan:
+    def finish(self, phase: RLJobPhase, reason: Reason, message: str, **actions: Any) -> Plan:
         """A job ending: looked at again when its ttlSecondsAfterFinished passes, to delete it (see _finished)."""
         ttl = self.job.spec.ttl_seconds_after_finished
         return self._plan(phase, reason, message, requeue_after=None if ttl is None else max(float(ttl), 0.1),
                           **actions)
 
-    def _next_attempt(self, new: dict[str, Any], reason: str, message: str, preemptions: int, *, restart: str,
+    def _next_attempt(self, new: dict[str, Any], reason: Reason, message: str, preemptions: int, *, restart: str,
                       patch: tuple[tuple[str, dict[str, Any]], ...] = ()) -> Plan:
         """RayJob `new` of attempt n+1 replaces attempt n's, after its failure or preemption (`restart`)."""
         return self.active(RLJobPhase.RESTARTING, reason, message, n=self.n + 1, preemptions=preemptions,
@@ -496,7 +494,7 @@ class _Decision:
     def _plan(
         self,
         phase: RLJobPhase,
-        reason: str,
+        reason: Reason,
         message: str,
         *,
         requeue_after: float | None,
@@ -535,7 +533,7 @@ class _Decision:
             return None
         return self.configmap
 
-    def _status(self, phase: RLJobPhase, reason: str, message: str, attempt: Attempt | None, n: int,
+    def _status(self, phase: RLJobPhase, reason: Reason, message: str, attempt: Attempt | None, n: int,
                 preemptions: int) -> tuple[dict[str, Any], tuple[Event, ...]]:
         """The whole operator-owned status, and the events of its changes."""
         status = self.status
@@ -548,7 +546,7 @@ class _Decision:
                 f"{', '.join(self.held)} cannot change while the job exists; the job keeps running with the values "
                 "it started with (delete and re-create the RLJob to change them)"
             )
-            wanted.append(ConditionSpec(SPEC_CHANGE_IGNORED, "True", "ImmutableField", note))
+            wanted.append(ConditionSpec(SPEC_CHANGE_IGNORED, "True", Reason.IMMUTABLE_FIELD, note))
             old = next((c for c in status.get("conditions") or [] if c.get("type") == SPEC_CHANGE_IGNORED), {})
             if old.get("status") != "True" or old.get("message") != note:
                 events = (Event("Warning", SPEC_CHANGE_IGNORED, note),)
@@ -569,15 +567,15 @@ class _Decision:
         return new, events + _transition_events(status, phase, message, reason)
 
 
-def _created_phase(job: RLJob, name: str, n: int) -> tuple[RLJobPhase, str, str]:
+def _created_phase(job: RLJob, name: str, n: int) -> tuple[RLJobPhase, Reason, str]:
     """Phase, reason and message right after creating RayJob `name` of attempt n."""
     created = f"created RayJob {name} (attempt {n})"
     if job.spec.suspend:
-        return RLJobPhase.SUSPENDED, "Suspended", f"{created}, suspended"
+        return RLJobPhase.SUSPENDED, Reason.SUSPENDED, f"{created}, suspended"
     if job.spec.queue_name:
         queue = job.spec.queue_name
-        return RLJobPhase.QUEUED, "Queued", f"{created}, suspended until Kueue admits it from LocalQueue {queue}"
-    return RLJobPhase.PENDING, "RayJobCreated", created
+        return RLJobPhase.QUEUED, Reason.QUEUED, f"{created}, suspended until Kueue admits it from LocalQueue {queue}"
+    return RLJobPhase.PENDING, Reason.RAYJOB_CREATED, created
 
 
 def is_queued_by_kueue(rayjob: dict[str, Any]) -> bool:
@@ -595,7 +593,7 @@ def _finished(obs: Observed, job: RLJob) -> Plan:
     finished = _finished_at(status) or obs.now
     left = (finished + timedelta(seconds=ttl) - obs.now).total_seconds()
     if left <= 0:
-        passed = Event("Normal", "Deleting", f"ttlSecondsAfterFinished({ttl}) passed since the job finished")
+        passed = Event("Normal", Reason.DELETING, f"ttlSecondsAfterFinished({ttl}) passed since the job finished")
         return Plan(status=kept, events=(passed,), delete_rljob=True)
     return Plan(status=kept, requeue_after=left)
 
@@ -645,7 +643,7 @@ def _carry(status: dict[str, Any], *, generation: int | None, num_rollout: int |
 
 
 def _transition_events(status: dict[str, Any], phase: RLJobPhase, message: str,
-                       reason: str = "") -> tuple[Event, ...]:
+                       reason: Reason | None = None) -> tuple[Event, ...]:
     if reason == PREEMPTED:
         # Each preemption is news (the phase may already be Restarting), and not a fault.
         return (Event("Normal", PREEMPTED, message),)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass
+from enum import Enum
 from datetime import datetime, timezone
 from typing import Any
 
@@ -53,6 +54,46 @@ CONDITION_TYPES = ("Ready", "Progressing", "Suspended", "Failed")
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 
 
+class Reason(str, Enum):
+    """Every reason the operator writes: of status.reason and the conditions, and of its Events
+    (an Event also takes a phase's name, or SpecChangeIgnored). CamelCase, as Kubernetes writes
+    them; a status patch holds the plain string (`str(reason)`)."""
+
+    # The attempt, as its RayJob reports it (observe_rayjob).
+    RAYJOB_CREATED = "RayJobCreated"  # created; KubeRay has not picked it up yet
+    CLUSTER_STARTING = "ClusterStarting"  # the Ray cluster is coming up
+    JOB_SUBMITTED = "JobSubmitted"  # the Ray job is submitted, not running yet
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    RAYJOB_RETRYING = "RayJobRetrying"  # KubeRay retries the RayJob itself
+    RAYJOB_FAILED = "RayJobFailed"
+    RAYJOB_INVALID = "RayJobInvalid"  # KubeRay refused the RayJob (ValidationFailed)
+    RAYJOB_STOPPED = "RayJobStopped"  # the Ray job was stopped outside rlkube
+    DEADLINE_EXCEEDED = "DeadlineExceeded"  # activeDeadlineSeconds passed
+    # What the operator decided.
+    INVALID_SPEC = "InvalidSpec"  # the spec is refused (by the operator's validation or the runtime's)
+    BACKOFF_WAITING = "BackoffWaiting"  # a failed attempt; the next one starts after its backoff
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    ATTEMPT_STARTED = "AttemptStarted"  # the next attempt after a failure
+    PREEMPTED = "Preempted"  # the next attempt after a preemption, at once and not counted as a failure
+    PREEMPTION_BACKOFF_WAITING = "PreemptedBackoffWaiting"  # preempted again; the next attempt starts after a backoff
+    PREEMPTION_LIMIT_EXCEEDED = "PreemptionLimitExceeded"  # preempted more often than faultTolerance.maxPreemptions
+    NAME_CONFLICT = "NameConflict"  # a RayJob of that name exists and is not this job's
+    RAYJOB_DELETING = "RayJobDeleting"
+    QUEUED = "Queued"  # Kueue has not admitted it yet
+    ADMITTED = "Admitted"
+    SUSPENDING = "Suspending"
+    RESUMING = "Resuming"
+    SUSPENDED = "Suspended"
+    NOT_SUSPENDED = "NotSuspended"
+    NOT_FAILED = "NotFailed"
+    IMMUTABLE_FIELD = "ImmutableField"  # a change to a field fixed for the job's life, ignored
+    DELETING = "Deleting"  # ttlSecondsAfterFinished passed
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One attempt (RayJob) as observed.
@@ -62,7 +103,7 @@ class Attempt:
     """
 
     phase: RLJobPhase
-    reason: str
+    reason: Reason
     message: str
     failed: bool = False
     permanent: bool = False
@@ -106,7 +147,7 @@ def observe_rayjob(rayjob: dict[str, Any], pods: list[dict[str, Any]] = ()) -> A
         "dashboard_url": status.get("dashboardURL") or None,
     }
 
-    def failed(reason: str, what: str) -> Attempt:
+    def failed(reason: Reason, what: str) -> Attempt:
         detail = "; ".join(x for x in (ray_reason, ray_message, pod_failures(pods)) if x)
         message = f"RayJob {name} {what}" + (f": {detail}" if detail else "")
         code = _EXIT_CODE.search(ray_message)
@@ -118,32 +159,32 @@ def observe_rayjob(rayjob: dict[str, Any], pods: list[dict[str, Any]] = ()) -> A
         )
 
     if deployment in (DEPLOYMENT_FAILED, DEPLOYMENT_VALIDATION_FAILED):
-        reason = "DeadlineExceeded" if ray_reason == "DeadlineExceeded" else "RayJobFailed"
+        reason = Reason.DEADLINE_EXCEEDED if ray_reason == "DeadlineExceeded" else Reason.RAYJOB_FAILED
         if deployment == DEPLOYMENT_VALIDATION_FAILED:
-            reason = "RayJobInvalid"
+            reason = Reason.RAYJOB_INVALID
         return failed(reason, "failed")
     if job == JOB_FAILED:
-        return failed("RayJobFailed", "reports the Ray job FAILED")
+        return failed(Reason.RAYJOB_FAILED, "reports the Ray job FAILED")
     if job == JOB_STOPPED:
-        return failed("RayJobStopped", "reports the Ray job STOPPED (stopped outside rlkube)")
+        return failed(Reason.RAYJOB_STOPPED, "reports the Ray job STOPPED (stopped outside rlkube)")
     if deployment == DEPLOYMENT_COMPLETE:
-        return Attempt(RLJobPhase.SUCCEEDED, "Completed", f"RayJob {name} completed", **common)
+        return Attempt(RLJobPhase.SUCCEEDED, Reason.COMPLETED, f"RayJob {name} completed", **common)
     if deployment in (DEPLOYMENT_SUSPENDING, DEPLOYMENT_SUSPENDED):
         what = "suspending: its pods are being deleted" if deployment == DEPLOYMENT_SUSPENDING else "suspended"
-        return Attempt(RLJobPhase.SUSPENDED, deployment, f"RayJob {name} {what}", **common)
+        return Attempt(RLJobPhase.SUSPENDED, Reason(deployment), f"RayJob {name} {what}", **common)
     if deployment == DEPLOYMENT_RETRYING:
-        return Attempt(RLJobPhase.RESTARTING, "RayJobRetrying", f"KubeRay is retrying RayJob {name}", **common)
+        return Attempt(RLJobPhase.RESTARTING, Reason.RAYJOB_RETRYING, f"KubeRay is retrying RayJob {name}", **common)
     if deployment == DEPLOYMENT_RUNNING:
         if job in (JOB_RUNNING, JOB_SUCCEEDED):
-            return Attempt(RLJobPhase.RUNNING, "Running", f"the Ray job of RayJob {name} is running", **common)
+            return Attempt(RLJobPhase.RUNNING, Reason.RUNNING, f"the Ray job of RayJob {name} is running", **common)
         return Attempt(
-            RLJobPhase.STARTING, "JobSubmitted", f"RayJob {name} submitted the Ray job; waiting for it to start", **common
+            RLJobPhase.STARTING, Reason.JOB_SUBMITTED, f"RayJob {name} submitted the Ray job; waiting for it to start", **common
         )
     if deployment == DEPLOYMENT_NEW:
-        return Attempt(RLJobPhase.PENDING, "RayJobCreated", f"RayJob {name} created; waiting for KubeRay", **common)
+        return Attempt(RLJobPhase.PENDING, Reason.RAYJOB_CREATED, f"RayJob {name} created; waiting for KubeRay", **common)
     # Initializing, Scheduling, Scheduled, Waiting, or a status newer than this operator knows.
     return Attempt(
-        RLJobPhase.STARTING, "ClusterStarting",
+        RLJobPhase.STARTING, Reason.CLUSTER_STARTING,
         f"RayJob {name} is {deployment or 'starting'}: the Ray cluster is coming up", **common,
     )
 
@@ -194,7 +235,7 @@ class ConditionSpec:
     message: str = ""
 
 
-def desired_conditions(phase: RLJobPhase, reason: str, message: str) -> list[ConditionSpec]:
+def desired_conditions(phase: RLJobPhase, reason: Reason, message: str) -> list[ConditionSpec]:
     """The four standard conditions for a phase (see the module docstring)."""
     ready = phase == RLJobPhase.RUNNING
     progressing = phase in (
@@ -205,8 +246,9 @@ def desired_conditions(phase: RLJobPhase, reason: str, message: str) -> list[Con
     return [
         ConditionSpec("Ready", _tf(ready), reason if ready else f"{phase.value}", message if ready else ""),
         ConditionSpec("Progressing", _tf(progressing), reason, message),
-        ConditionSpec("Suspended", _tf(suspended), "Suspended" if suspended else "NotSuspended", message if suspended else ""),
-        ConditionSpec("Failed", _tf(failed), reason if failed else "NotFailed", message if failed else ""),
+        ConditionSpec("Suspended", _tf(suspended), Reason.SUSPENDED if suspended else Reason.NOT_SUSPENDED,
+                      message if suspended else ""),
+        ConditionSpec("Failed", _tf(failed), reason if failed else Reason.NOT_FAILED, message if failed else ""),
     ]
 
 
@@ -233,7 +275,7 @@ def merge_conditions(
         cond = {
             "type": w.type,
             "status": w.status,
-            "reason": w.reason,
+            "reason": str(w.reason),
             "message": w.message,
             "lastTransitionTime": now_rfc3339(now) if changed or not old.get("lastTransitionTime") else old["lastTransitionTime"],
         }

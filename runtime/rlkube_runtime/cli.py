@@ -34,7 +34,7 @@ def _crd(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rlkube_runtime.driver import run_from_file
+    from rlkube_runtime.run import run_from_file
 
     if args.debug_rollout_only and args.debug_train_only:
         print("rlkube run: --debug-rollout-only and --debug-train-only exclude each other", file=sys.stderr)

@@ -176,32 +176,3 @@ def colocated_engine_gpus(trainer_gpus: list[tuple[str, list[int]]], gpus_per_en
             )
         engines.append(tuple(gpu for _, gpus in ranks for gpu in gpus))
     return engines
-
-
-def engine_dtype(model_dtype: str, device: str) -> str:
-    """The dtype rollout engines hold the weights in (and weight syncs send): the training dtype
-    on a GPU; float32 on a CPU, where bf16 kernels are slow and the trainer computes in float32."""
-    return model_dtype if device == "cuda" else "float32"
-
-
-def weight_sync_transport(requested: str, *, placement: str, device: str, engine: str, gpus_per_engine: int) -> str:
-    """The transport `spec.training.updateWeightsTransport` resolves to on this topology; raises
-    ValueError naming the field when the requested one cannot work here."""
-    field = "spec.training.updateWeightsTransport"
-    if requested == "auto":
-        if placement == "colocated":
-            # One trainer rank shares each engine's GPU; an engine over several GPUs needs each
-            # GPU's handles, which a single rank cannot give: it loads from disk instead.
-            return "tensor" if gpus_per_engine <= 1 else "disk"
-        return "distributed"
-    if requested == "http" and engine != "builtin":
-        raise ValueError(f"{field}: 'http' sends rlkube_safetensors bytes, which only the built-in engine reads; "
-                         f"rollout.engine is {engine!r}: use 'distributed', 'tensor' or 'disk'")
-    if requested == "tensor" and (gpus_per_engine > 1 or (device == "cuda" and placement != "colocated")):
-        raise ValueError(f"{field}: 'tensor' passes CUDA IPC handles, so each engine must sit on one GPU it shares "
-                         f"with a trainer rank (placement colocated, gpusPerEngine 1); this job has placement "
-                         f"{placement!r} and gpusPerEngine {gpus_per_engine}: use 'distributed' or 'disk'")
-    if requested == "distributed" and device == "cuda" and placement == "colocated":
-        raise ValueError(f"{field}: 'distributed' needs the engines on GPUs of their own (NCCL cannot pair two ranks "
-                         "on one GPU); with placement colocated use 'tensor' or 'disk'")
-    return requested

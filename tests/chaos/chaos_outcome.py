@@ -56,7 +56,7 @@ def final_weights(root: Path) -> tuple[int | None, str | None]:
 
     import torch
 
-    from rlkube_runtime.driver import TRAINER_STATE_FILE
+    from rlkube_runtime.trainer.torch_backend import STATE_FILE as TRAINER_STATE_FILE
     from rlkube_runtime.trainer.checkpoint import load_latest_checkpoint
 
     with warnings.catch_warnings():

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import datetime
 import ipaddress
 import json
@@ -31,7 +30,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -459,16 +457,10 @@ class ControlPlane:
         log_path = self.logs_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below after fork
         try:
-            process = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self._dir,
-                env=env or _clean_env(),
-                start_new_session=True,  # own process group, so stop() can signal all of it
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, bound before the fork
-            )
+            from rlkube_runtime import proc  # here: importing this module must stay stdlib-only (check_prereqs)
+
+            # Own process group, so stop() can signal all of it; killed if the test process dies.
+            process = proc.start(args, stdout=log, cwd=self._dir, env=env or _clean_env())
         finally:
             log.close()
         component = Component(name, process, log_path)
@@ -776,31 +768,10 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-# Looked up once here: the child between fork and exec must not import or dlopen (their locks may be
-# held by another thread of the parent at fork time).
-_PRCTL = _load_prctl()
-_PR_SET_PDEATHSIG = 1
-_SIGKILL = int(signal.SIGKILL)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL if the test process dies without calling stop()."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, _SIGKILL)
-
-
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
+    from rlkube_runtime import proc
+
+    proc.signal_group(process, sig)
 
 
 def _new_key():

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 # image Dockerfile -> (sees this machine's packages as its base image's, what its pods import)
 IMAGES = {
     "images/operator.Dockerfile": (False, ["rlkube_operator.main", "rlkube_runtime.spec", "kopf", "kubernetes"]),
-    "Dockerfile.trainer": (True, ["rlkube_runtime.driver", "rlkube_runtime.actors.trainer", "rlkube_runtime.status_report",
+    "Dockerfile.trainer": (True, ["rlkube_runtime.run", "rlkube_runtime.actors.trainer", "rlkube_runtime.status_report",
                                   "kubernetes", "ray", "megatron.core", "wandb", "mlflow"]),
     "Dockerfile.rollout": (True, ["rlkube_runtime.actors.rollout_manager", "rlkube_runtime.status_report", "kubernetes",
                                   "sglang_router"]),

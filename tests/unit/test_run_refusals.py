@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from rlkube_runtime import driver, status_report
+from rlkube_runtime import status_report
+from rlkube_runtime.run import main
 
 JOB = {
     "apiVersion": "rlkube.io/v1alpha1",
@@ -43,7 +44,7 @@ def reporter(monkeypatch):
 def _run(tmp_path, job):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
-    return driver.run_from_file(str(path), output_dir=str(tmp_path / "out"))
+    return main.run_from_file(str(path), output_dir=str(tmp_path / "out"))
 
 
 def test_a_spec_refused_at_start_is_reported_for_the_operator(tmp_path, reporter, capsys):

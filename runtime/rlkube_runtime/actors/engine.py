@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from rlkube_runtime.spec import RLJobSpec
-from rlkube_runtime.topology import engine_dtype
+from rlkube_runtime.weight_sync.plan import engine_dtype
 
 
 def engine_actor_options(

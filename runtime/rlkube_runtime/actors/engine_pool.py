@@ -17,11 +17,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rlkube_runtime.actors.engine import EngineActor, engine_actor_options
 from rlkube_runtime.spec import RLJobSpec
+from rlkube_runtime.weight_sync.coordinator import SyncReport, run_sync
+from rlkube_runtime.weight_sync.plan import SyncPlan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -34,38 +37,41 @@ class EngineRestartLimitExceeded(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class PoolConfig:
+    """Where a job's engines run and what they load.
+
+    model_path: the HF directory every engine starts from. log_dir: engine logs and the
+    replacement journal. placement_group / engine_bundles: the Ray placement group and engine
+    j's bundle in it (None: no placement group, one engine). engine_resources: each engine
+    actor's Ray resources. device: "cpu" or "cuda". engine_gpu_ids: per engine, the GPU ids it
+    is handed (a colocated engine over several GPUs); empty: what Ray gives its actor.
+    """
+
+    model_path: str
+    log_dir: str
+    placement_group: Any = None
+    engine_bundles: tuple[int | None, ...] = (None,)
+    engine_resources: Mapping[str, float] = field(default_factory=dict)
+    device: str = "cpu"
+    engine_gpu_ids: tuple[tuple[int, ...], ...] = ()
+
+
 class EnginePool:
     """Not an actor: lives in the rollout manager's event loop (its methods are coroutines)."""
 
-    def __init__(
-        self,
-        spec: RLJobSpec,
-        *,
-        model_path: str,
-        log_dir: str,
-        placement_group: Any = None,
-        engine_bundles: list[int] | None = None,
-        engine_resources: dict[str, float] | None = None,
-        device: str = "cpu",
-        engine_gpu_ids: list[tuple[int, ...]] | None = None,
-    ):
+    def __init__(self, spec: RLJobSpec, config: PoolConfig):
         self.spec = spec
-        self.model_path = model_path
-        self.log_dir = log_dir
-        self._placement_group = placement_group
-        self._engine_gpu_ids = engine_gpu_ids or []  # per engine; empty: what Ray gives its actor
-        self._engine_bundles = engine_bundles or [None]
-        self._engine_resources = engine_resources or {}
-        self._device = device
+        self.config = config
+        self.model_path = config.model_path
+        self.log_dir = config.log_dir
         self._engines: list[Any] = []  # EngineActor handles
         self._urls: list[str] = []
         self._router = None
         self._admins: dict[str, Any] = {}  # engine URL -> its EngineAdmin, kept for the run
-        # Who pushes weights: trainer rank handles, which of them serves engine j, the transport.
+        # Who pushes weights: the trainer rank handles, and the plan (which rank serves engine j, how).
         self._pushers: list[Any] = []
-        self._pusher_of_engine: list[int] = []
-        self._transport = "http"
-        self._disk_dir: str | None = None
+        self._sync_plan = SyncPlan()
         self._synced_version: str | None = None  # what every engine holds since the last sync
         self._restarts_total = 0
         self._restarts_unreported = 0
@@ -138,33 +144,31 @@ class EnginePool:
 
         actor_cls = ray.remote(EngineActor)
         engines = []
-        for j, bundle in enumerate(self._engine_bundles):
+        config = self.config
+        for j, bundle in enumerate(config.engine_bundles):
             options: dict[str, Any] = {
-                "num_cpus": self._engine_resources.get("CPU", 0),
-                "num_gpus": self._engine_resources.get("GPU", 0),
+                "num_cpus": config.engine_resources.get("CPU", 0),
+                "num_gpus": config.engine_resources.get("GPU", 0),
             }
-            if self._placement_group is not None and bundle is not None:
+            if config.placement_group is not None and bundle is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=self._placement_group, placement_group_bundle_index=bundle
+                    placement_group=config.placement_group, placement_group_bundle_index=bundle
                 )
-            gpus = self._engine_gpu_ids[j] if j < len(self._engine_gpu_ids) else ()
+            gpus = config.engine_gpu_ids[j] if j < len(config.engine_gpu_ids) else ()
             arguments = engine_actor_options(
-                self.spec, j, model_path=self.model_path, log_dir=self.log_dir, device=self._device, gpu_ids=gpus
+                self.spec, j, model_path=config.model_path, log_dir=config.log_dir, device=config.device, gpu_ids=gpus
             )
             engines.append(actor_cls.options(**options).remote(**arguments))
         return engines
 
     # -- weights --------------------------------------------------------------------------
 
-    def set_weight_pushers(
-        self, pushers: list[Any], pusher_of_engine: list[int], transport: str, disk_dir: str | None = None
-    ) -> None:
-        """The trainer ranks (Ray handles) that push weights, which one serves engine j (the rank
-        sharing its GPU for `tensor`, rank 0 otherwise), and the `weight_sync` transport."""
-        self._pushers, self._pusher_of_engine = list(pushers), list(pusher_of_engine)
-        self._transport, self._disk_dir = transport, disk_dir
+    def set_weight_pushers(self, pushers: list[Any], plan: SyncPlan) -> None:
+        """The trainer ranks (Ray handles, rank order) and the sync plan: which rank serves engine
+        j (the rank sharing its GPU for `tensor`, rank 0 otherwise), and the transport."""
+        self._pushers, self._sync_plan = list(pushers), plan
 
-    async def update_weights(self, version: str) -> dict[str, Any]:
+    async def update_weights(self, version: str) -> SyncReport:
         """Pause and flush every engine, have the trainer push its weights, resume, and check that
         each engine reports `version`. An engine that fails on the way is replaced (and given the
         weights) before it rejoins. Returns the push's figures (bytes and seconds per engine)."""
@@ -177,7 +181,7 @@ class EnginePool:
                 if not _engine_unreachable(paused[j]):
                     raise paused[j]
             report = await self._push(version, [j for j in range(len(urls)) if j not in dead])
-            for j in sorted(dead | {urls.index(url) for url in report["failed"]}):
+            for j in sorted(dead | {urls.index(url) for url in report.failed}):
                 # The engine died since the last health check: replace it now; the replacement
                 # gets these weights before it joins the router.
                 log.warning("engine %s did not take weights version %s; replacing it", urls[j], version)
@@ -199,24 +203,14 @@ class EnginePool:
         if got != version:
             raise RuntimeError(f"engine {url} reports weight version {got!r} after loading {version!r}")
 
-    async def _push(self, version: str, engines: list[int], urls: dict[int, str] | None = None) -> dict[str, Any]:
+    async def _push(self, version: str, engines: list[int], urls: dict[int, str] | None = None) -> SyncReport:
         """Push `version` (the trainer's current weights) to these engines, each from its pusher
-        rank; the reports merged: the slowest rank's seconds, failed engine URLs."""
+        rank (weight_sync.run_sync)."""
         urls = urls or {j: self._urls[j] for j in engines}
-        by_pusher: dict[int, list[str]] = {}
-        for j in engines:
-            by_pusher.setdefault(self._pusher_of_engine[j], []).append(urls[j])
-        reports = await asyncio.gather(*(
-            self._pushers[rank].push_weights.remote(targets, self._transport, version, self._disk_dir)
-            for rank, targets in by_pusher.items()
-        ))
-        merged = {"transport": self._transport, "bytes_per_engine": 0, "seconds": 0.0, "requests_per_engine": 0, "failed": {}}
-        for report in reports:
-            merged["bytes_per_engine"] = max(merged["bytes_per_engine"], report["bytes_per_engine"])
-            merged["requests_per_engine"] = max(merged["requests_per_engine"], report["requests_per_engine"])
-            merged["seconds"] = max(merged["seconds"], report["seconds"])
-            merged["failed"].update(report["failed"])
-        return merged
+        return await run_sync(self._sync_plan, self._push_from, {j: urls[j] for j in engines}, version)
+
+    async def _push_from(self, rank: int, urls: list[str], plan: SyncPlan, version: str) -> SyncReport:
+        return await self._pushers[rank].push_weights.remote(urls, plan, version)
 
     async def release_memory(self, tags: list[str] | None = None) -> None:
         """Every engine frees `tags` (weights, kv_cache, cuda_graph; default all) until resumed."""
@@ -320,8 +314,8 @@ class EnginePool:
                 if self._synced_version is not None:
                     await self._pause(new)
                     report = await self._push(self._synced_version, [j], urls={j: new})
-                    if report["failed"]:
-                        raise RuntimeError(f"the replacement did not take the weights: {report['failed'][new]}")
+                    if report.failed:
+                        raise RuntimeError(f"the replacement did not take the weights: {report.failed[new]}")
                     await self._resume_and_check(new, self._synced_version)
                 # What the replacement holds as it joins the router, asked of the engine itself:
                 # the record that a joining engine serves the trainer's latest weights.

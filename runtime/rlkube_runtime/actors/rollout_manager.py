@@ -17,7 +17,7 @@ from rlkube_runtime.data.source import PromptSource
 from rlkube_runtime.plugins import load_callable
 from rlkube_runtime.rewards.hub import compute_rewards
 from rlkube_runtime.rewards.pass_at_k import eval_dataset_metrics
-from rlkube_runtime.actors.engine_pool import EnginePool, EngineRestartLimitExceeded
+from rlkube_runtime.actors.engine_pool import EnginePool, EngineRestartLimitExceeded, PoolConfig
 from rlkube_runtime.rollout.generate import (
     GenerateContext,
     SamplingConfig,
@@ -26,6 +26,8 @@ from rlkube_runtime.rollout.generate import (
 )
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.spec.base import builtin_filter_name
+from rlkube_runtime.weight_sync.coordinator import SyncReport
+from rlkube_runtime.weight_sync.plan import SyncPlan
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +35,11 @@ __all__ = ["EngineRestartLimitExceeded", "RolloutManager"]
 
 
 class RolloutManager:
-    def __init__(self, spec: dict[str, Any], *, model_path: str, log_dir: str, **placement: Any):
-        """`placement`: where the engines go, as `EnginePool` takes it (placement group, engine
-        bundles and resources, device, GPU ids per engine)."""
+    def __init__(self, spec: dict[str, Any], pool: PoolConfig):
+        """`pool`: where the engines go and what they load."""
         self.spec = RLJobSpec.model_validate(spec)
-        self.model_path = model_path
-        self.log_dir = log_dir
-        self.engines = EnginePool(self.spec, model_path=model_path, log_dir=log_dir, **placement)
+        self.model_path = pool.model_path
+        self.engines = EnginePool(self.spec, pool)
         self._client = None
         self._data_states: dict[int, dict[str, Any]] = {}
         self._reward_client = None  # a RemoteRewardClient when reward.url is set
@@ -61,13 +61,7 @@ class RolloutManager:
         self.source = PromptSource.from_spec(
             spec.data, n_samples_per_prompt=spec.rollout.n_samples_per_prompt, tokenizer=self.tokenizer
         )
-        self.sampling = SamplingConfig(
-            max_response_len=spec.rollout.max_response_len,
-            temperature=spec.rollout.temperature,
-            top_p=spec.rollout.top_p,
-            top_k=spec.rollout.top_k,
-            stop=tuple(spec.rollout.stop),
-        )
+        self.sampling = SamplingConfig.from_spec(spec.rollout)
         self._filter = _sampling_filter(spec.rollout.dynamic_sampling_filter)
         self._custom_generate = (
             load_callable(spec.rollout.custom_generate_function, what="spec.rollout.customGenerateFunction")
@@ -131,26 +125,11 @@ class RolloutManager:
         spec = self.spec
         metrics: dict[str, float] = {}
         for dataset in spec.eval.datasets:
-            data_spec = spec.data.model_copy(
-                update={
-                    "prompt_data": dataset.path,
-                    "input_key": dataset.input_key or spec.data.input_key,
-                    "label_key": dataset.label_key or spec.data.label_key,
-                    "shuffle": False,
-                }
-            )
-            prompts = load_prompt_dataset_from_spec(data_spec, tokenizer=self.tokenizer)
+            prompts = load_prompt_dataset_from_spec(dataset.data_spec(spec.data), tokenizer=self.tokenizer)
             source = PromptSource(prompts, n_samples_per_prompt=dataset.n_samples, shuffle=False)
             samples = [s for group in source.get_samples(len(prompts)) for s in group]
             self._tokenize(samples)
-            sampling = SamplingConfig(
-                max_response_len=dataset.max_response_len or self.sampling.max_response_len,
-                temperature=self.sampling.temperature if dataset.temperature is None else dataset.temperature,
-                top_p=dataset.top_p or self.sampling.top_p,
-                top_k=self.sampling.top_k,
-                stop=self.sampling.stop,
-            )
-            ctx = self._context(rollout_id, sampling, request_prefix="e")
+            ctx = self._context(rollout_id, self.sampling.for_eval(dataset), request_prefix="e")
             generate_one = self._custom_generate or generate_sample
             await self.engines.unless_failed(asyncio.gather(*(generate_one(ctx, s) for s in samples)))
             rewards = await compute_rewards(samples, spec.reward, remote_client=self._reward_client)
@@ -171,12 +150,10 @@ class RolloutManager:
 
     # -- the engines, for the driver ----------------------------------------------------
 
-    async def set_weight_pushers(
-        self, pushers: list[Any], pusher_of_engine: list[int], transport: str, disk_dir: str | None = None
-    ) -> None:
-        self.engines.set_weight_pushers(pushers, pusher_of_engine, transport, disk_dir)
+    async def set_weight_pushers(self, pushers: list[Any], plan: SyncPlan) -> None:
+        self.engines.set_weight_pushers(pushers, plan)
 
-    async def update_weights(self, version: str) -> dict[str, Any]:
+    async def update_weights(self, version: str) -> SyncReport:
         return await self.engines.update_weights(version)
 
     async def release_memory(self, tags: list[str] | None = None) -> None:

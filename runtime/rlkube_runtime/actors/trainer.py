@@ -7,13 +7,12 @@ advantages, then `numStepsPerRollout` optimizer steps of `globalBatchSize` sampl
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
 import torch
 
-from rlkube_runtime.algorithms import compute_advantages, compute_approx_kl
+from rlkube_runtime.algorithms import AdvantageConfig, compute_approx_kl
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.node_network import (
     NodeNetworkError,
@@ -24,38 +23,12 @@ from rlkube_runtime.node_network import (
 )
 from rlkube_runtime.serving.launch import node_ip
 from rlkube_runtime.spec import RLJobSpec
-from rlkube_runtime.spec.algorithm import CRITIC_ESTIMATORS, NO_CRITIC_MESSAGE
 from rlkube_runtime.trainer.batch import TrainBatch
 from rlkube_runtime.trainer.config import TrainerConfig
 from rlkube_runtime.trainer.rng import capture_rng_state, restore_rng_state
-from rlkube_runtime.trainer.torch_backend import TorchBackend
+from rlkube_runtime.trainer.registry import build_backend, check_trainer_supports
 
-
-def check_trainer_supports(spec: RLJobSpec) -> None:
-    """Fail at start, naming the field, for settings this trainer cannot honour. The spec's own
-    validation refuses what no backend honours (spec/backend_rules.py) and the critic estimators
-    already; this is the second guard, in their words, plus what only the runtime can know."""
-    backend = spec.training.backend
-    if backend == "megatron":
-        try:
-            import megatron.core  # noqa: F401
-        except ImportError as err:
-            raise ValueError(
-                "spec.training.backend: 'megatron' needs megatron-core in the runtime image "
-                f"(pip install 'rlkube[megatron]'): {err}"
-            ) from err
-        par = spec.parallelism
-        if par.expert != 1:
-            raise ValueError(f"spec.parallelism.expert: {par.expert} needs a mixture-of-experts model, which the "
-                             "megatron backend does not build (Llama, Qwen2, Qwen3 dense models); use 1")
-        if par.context != 1:
-            raise ValueError(f"spec.parallelism.context: {par.context} needs TransformerEngine's attention, which the "
-                             "megatron backend does not use (it runs megatron-core's local layer spec); use 1")
-        if spec.model.dtype == "float16":
-            raise ValueError("spec.model.dtype: float16 needs loss scaling, which the megatron backend does not do; "
-                             "use bfloat16 (or float32)")
-    if spec.algorithm.advantage_estimator in CRITIC_ESTIMATORS:
-        raise ValueError(f"spec.algorithm.advantageEstimator: {NO_CRITIC_MESSAGE}")
+__all__ = ["TrainerWorker", "check_trainer_supports", "logprob_abs_diff", "to_train_batch"]
 
 
 class TrainerWorker:
@@ -66,7 +39,7 @@ class TrainerWorker:
         hf_checkpoint: str,
         rank: int = 0,
         world_size: int = 1,
-        master_addr: str = "127.0.0.1",  # one rank, or one machine; the driver passes rank 0's node IP
+        master_addr: str = "127.0.0.1",  # one rank, or one machine; the TrainerGroup passes rank 0's node IP
         master_port: int = 29500,
         device: str = "cpu",
         num_threads: int | None = None,
@@ -81,30 +54,18 @@ class TrainerWorker:
         os.environ.update(socket_ifname_env(address, os.environ))
         if world_size > 1:
             _join_ranks("nccl" if device == "cuda" else "gloo", rank, world_size, master_addr, master_port, address)
-        # The model comes from the driver (a built tiny checkpoint, the HF checkpoint, or the
+        # The model comes from the run's plan (a built tiny checkpoint, the HF checkpoint, or the
         # weights of a resumed run), not from spec.model.hfCheckpoint.
         self.config = TrainerConfig.from_spec(self.spec, hf_checkpoint=hf_checkpoint)
-        self.megatron = self.spec.training.backend == "megatron"
-        if self.megatron:
-            from rlkube_runtime.trainer.megatron.backend import MegatronBackend
-            from rlkube_runtime.trainer.megatron.model import ParallelSizes
-
-            self.backend = MegatronBackend(
-                self.config,
-                ParallelSizes.from_spec(self.spec),
-                megatron_args=dict(self.spec.model.megatron_args),
-                device=device if device == "cpu" else None,
-            )
-        else:
-            self.backend = TorchBackend(self.config, device=device if device == "cpu" else None)
+        self.backend = build_backend(self.spec, self.config, device=device)
+        self.advantages = AdvantageConfig.from_spec(self.spec)
         self.rank = rank
         self._sender = None  # a weight_sync.WeightSender, made at the first push
         self._last_advantages: list[torch.Tensor] = []
-        # Megatron: the HF-named weights of the last `stage_weights`, what pushes send.
-        self._staged: dict[str, torch.Tensor] | None = None
 
     def ready(self) -> bool:
-        return True
+        """Once the model is built: whether a push needs `stage_weights` on every rank first."""
+        return self.backend.gathers_for_push
 
     def gpus(self) -> tuple[str, list[int]]:
         """(this rank's node IP, the GPU ids Ray gave it): a colocated engine over several GPUs is
@@ -120,26 +81,18 @@ class TrainerWorker:
         algo = self.spec.algorithm
         needs_ref = self.config.loss.needs_ref_model
 
-        old = self.backend.compute_log_probs(batch, model="actor")
+        old = self.backend.log_probs(batch, model="actor")
         batch = batch.with_fields(old_log_probs=old.log_probs)
         kl = None
         if needs_ref:
-            ref = self.backend.compute_log_probs(batch, model="ref")
+            ref = self.backend.log_probs(batch, model="ref")
             batch = batch.with_fields(ref_log_probs=ref.log_probs)
             kl = [
                 compute_approx_kl(o, r, algo.kl_loss_type)
                 for o, r in zip(old.log_probs, ref.log_probs)
             ]
-        advantages, _returns = compute_advantages(
-            algo.advantage_estimator,
-            rewards=[float(s.reward) for s in batch_samples],
-            group_size=self.spec.rollout.n_samples_per_prompt,
-            loss_masks=batch.loss_masks,
-            kl=kl,
-            gamma=algo.gamma,
-            gae_lambda=algo.gae_lambda,
-            kl_coef=algo.kl_coef,
-            grpo_std_normalization=algo.grpo_std_normalization,
+        advantages, _returns = self.advantages.compute(
+            rewards=[float(s.reward) for s in batch_samples], loss_masks=batch.loss_masks, kl=kl
         )
         batch = batch.with_fields(advantages=[a.float() for a in advantages])
         self._last_advantages = batch.advantages
@@ -162,13 +115,34 @@ class TrainerWorker:
         return self.backend.export_weights()
 
     def stage_weights(self, keep: bool = True) -> None:
-        """Megatron: gather the current weights (collective over every trainer rank) for the
-        pushes that follow, which run on the pushing ranks alone; `keep` is False on ranks that
-        push to no engine, which drop their copy. The torch backend needs nothing: every rank
-        holds the whole model."""
-        if self.megatron:
-            weights = self.backend.export_weights()
-            self._staged = weights if keep else None
+        """Before a push or an HF export (collective over every trainer rank): the whole model
+        readable on this rank for the pushes that follow, which run on the pushing ranks alone;
+        `keep` is False on ranks that push to no engine. Megatron gathers its shards here; the
+        torch backend has nothing to do (every rank holds the whole model)."""
+        self.backend.gather_for_push(keep)
+
+    def save(self, directory: str) -> dict[str, Any]:
+        """This rank's part of a checkpoint into `directory` (collective), in the backend's own
+        format; returns what the checkpoint's payload records of this rank: the format, and for
+        the torch format this rank's random streams."""
+        self.backend.save(directory)
+        fmt = self.backend.checkpoint_format
+        return {"format": fmt, "rng": None if fmt else capture_rng_state()}
+
+    def load(self, directory: str, fmt: str | None, state: dict[str, Any] | None = None,
+             rng: dict[str, Any] | None = None) -> None:
+        """Restore what `save` wrote (collective). `state`: rank 0's trainer state from the payload
+        of a checkpoint written before the trainer wrote it itself; `rng`: this rank's streams."""
+        if fmt != self.backend.checkpoint_format:
+            raise ValueError(f"the checkpoint in {directory} is in the {fmt or 'torch'} trainer format; "
+                             f"spec.training.backend {self.spec.training.backend!r} reads "
+                             f"{self.backend.checkpoint_format or 'torch'}")
+        if state is not None:
+            self.backend.load_state_dict(state)
+        else:
+            self.backend.load(directory)
+        if rng is not None:
+            restore_rng_state(rng)
 
     def save_distributed(self, directory: str) -> None:
         """Megatron: this rank's shards of model and optimizer and its RNG into `directory` (collective)."""
@@ -177,56 +151,34 @@ class TrainerWorker:
     def load_distributed(self, directory: str) -> None:
         self.backend.load_distributed(directory)
 
-    def push_weights(self, urls: list[str], transport: str, version: str, disk_dir: str | None = None) -> dict[str, Any]:
-        """Load this rank's weights into the engines at `urls` (paused and flushed by the rollout
-        manager); returns the `weight_sync.SyncReport` as a dict."""
-        return dataclasses.asdict(self._weight_sender().push(urls, transport=transport, version=version, disk_dir=disk_dir))
+    def push_weights(self, urls: list[str], plan, version: str):
+        """Load this rank's weights into the engines at `urls` (paused and flushed by the engine
+        pool) as the `weight_sync.SyncPlan` says; returns the `weight_sync.SyncReport`."""
+        return self._weight_sender(plan).push(urls, transport=plan.transport, version=version, disk_dir=plan.disk_dir)
 
-    def _weight_sender(self):
+    def _weight_sender(self, plan):
+        """This rank's WeightSender, made at the first push (it keeps its staging buffer and
+        process groups for the run)."""
         if self._sender is None:
-            from rlkube_runtime.topology import engine_dtype
             from rlkube_runtime.weight_sync import WeightSender
 
             self._sender = WeightSender(
-                _StagedWeights(self) if self.megatron else self.backend.model,
-                dtype=getattr(torch, engine_dtype(self.spec.model.dtype, self.backend.device.type)),
-                bucket_bytes=self.spec.training.update_weight_buffer_mb << 20,
+                _PushView(self.backend),
+                dtype=getattr(torch, plan.dtype),
+                bucket_bytes=plan.bucket_bytes,
                 device=self.backend.device,
                 node_ip=node_ip(),
                 save_hf=self.save_hf,
-                engine_ranks=self.spec.rollout.gpus_per_engine if self.backend.device.type == "cuda" else 1,
+                engine_ranks=plan.engine_ranks,
             )
         return self._sender
 
     def save_hf(self, directory: str) -> str:
-        if self.megatron:
-            from rlkube_runtime.trainer.megatron.backend import write_hf_directory
-
-            write_hf_directory(self._staged_weights(), directory, self.config.model.hf_checkpoint,
-                               trust_remote_code=self.config.model.trust_remote_code,
-                               tied=self.backend.arch.tie_word_embeddings)
-            return directory
+        """The current weights as an HF directory (after `stage_weights`; on one rank)."""
         return str(self.backend.save_hf(directory))
-
-    def _staged_weights(self) -> dict[str, torch.Tensor]:
-        if self._staged is None:
-            raise RuntimeError("no staged weights: the driver calls stage_weights on every trainer rank before a push")
-        return self._staged
 
     def state_dict(self) -> dict[str, Any]:
         return self.backend.state_dict()
-
-    def save_state(self, path: str) -> int:
-        """Write `state_dict()` to `path` (a file in a checkpoint being saved); returns its bytes.
-        Rank 0 writes it straight to storage: the state (weights and Adam moments, 12 bytes a
-        parameter) never travels through Ray to the driver."""
-        from rlkube_runtime.trainer.checkpoint import save_torch_file
-
-        return save_torch_file(path, self.backend.state_dict())
-
-    def load_state_file(self, path: str, rng: dict[str, Any] | None = None) -> None:
-        """`load_state_dict` from a file `save_state` wrote (every rank reads it itself)."""
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), rng)
 
     def rng_state(self) -> dict[str, Any]:
         """This rank's random generators: each rank's streams are saved, since dropout or any
@@ -240,11 +192,11 @@ class TrainerWorker:
         if rng is not None:
             restore_rng_state(rng)
 
-    def release_memory(self, keep_weights: bool = False) -> None:
-        self.backend.release_memory(keep_weights=keep_weights)
+    def release(self, keep_weights: bool = False) -> None:
+        self.backend.release(keep_weights=keep_weights)
 
-    def resume_memory(self) -> None:
-        self.backend.resume_memory()
+    def restore(self) -> None:
+        self.backend.restore()
 
 
 def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, master_port: int, address: str) -> None:
@@ -266,16 +218,16 @@ def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, mast
         ) from err
 
 
-class _StagedWeights(torch.nn.Module):
-    """What the weight sender reads for the megatron backend: the staged HF-named tensors as a
-    module's state dict (tied tensors are one tensor, so the sender sends them once)."""
+class _PushView(torch.nn.Module):
+    """What the weight sender reads: the backend's `weights_for_push` as a module's state dict
+    (tied tensors are one tensor, so the sender sends them once)."""
 
-    def __init__(self, worker: TrainerWorker):
+    def __init__(self, backend):
         super().__init__()
-        self._worker = worker
+        self._backend = backend
 
     def state_dict(self, *args, **kwargs):  # noqa: ARG002 - the sender's keep_vars changes nothing here
-        return dict(self._worker._staged_weights())
+        return dict(self._backend.weights_for_push())
 
 
 def to_train_batch(samples: list[Sample]) -> TrainBatch:

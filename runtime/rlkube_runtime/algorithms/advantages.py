@@ -204,6 +204,43 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
 }
 
 
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """The estimator and its settings for a run (`compute_advantages` names each one):
+    `from_spec` reads them from spec.algorithm, with group_size = rollout.nSamplesPerPrompt."""
+
+    estimator: str
+    group_size: int
+    gamma: float = 1.0
+    gae_lambda: float = 1.0
+    kl_coef: float = 0.0
+    grpo_std_normalization: bool = True
+    normalize_advantages: bool | None = None
+
+    @classmethod
+    def from_spec(cls, spec) -> AdvantageConfig:
+        """From an RLJobSpec."""
+        algo = spec.algorithm
+        return cls(algo.advantage_estimator, group_size=spec.rollout.n_samples_per_prompt, gamma=algo.gamma,
+                   gae_lambda=algo.gae_lambda, kl_coef=algo.kl_coef,
+                   grpo_std_normalization=algo.grpo_std_normalization)
+
+    def compute(
+        self,
+        *,
+        rewards: Tensor | Sequence[float],
+        loss_masks: Sequence[Tensor],
+        kl: Sequence[Tensor] | None = None,
+        values: Sequence[Tensor] | None = None,
+    ) -> tuple[list[Tensor], list[Tensor] | None]:
+        """`compute_advantages` of one rollout's samples with these settings."""
+        return compute_advantages(
+            self.estimator, rewards=rewards, group_size=self.group_size, loss_masks=loss_masks, kl=kl, values=values,
+            gamma=self.gamma, gae_lambda=self.gae_lambda, kl_coef=self.kl_coef,
+            grpo_std_normalization=self.grpo_std_normalization, normalize_advantages=self.normalize_advantages,
+        )
+
+
 def compute_advantages(
     estimator: str,
     *,

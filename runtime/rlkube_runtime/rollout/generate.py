@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
@@ -34,6 +35,21 @@ class SamplingConfig:
     top_k: int = -1
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_spec(cls, rollout) -> SamplingConfig:
+        """From spec.rollout (an RolloutSpec)."""
+        return cls(max_response_len=rollout.max_response_len, temperature=rollout.temperature, top_p=rollout.top_p,
+                   top_k=rollout.top_k, stop=tuple(rollout.stop))
+
+    def for_eval(self, dataset) -> SamplingConfig:
+        """With an eval dataset's overrides (spec.eval.datasets[]: maxResponseLen, temperature, topP)."""
+        return dataclasses.replace(
+            self,
+            max_response_len=dataset.max_response_len or self.max_response_len,
+            temperature=self.temperature if dataset.temperature is None else dataset.temperature,
+            top_p=dataset.top_p or self.top_p,
+        )
 
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         params: dict[str, Any] = {

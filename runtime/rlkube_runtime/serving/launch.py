@@ -5,7 +5,7 @@ Engines are either the built-in engine (`python -m rlkube_runtime.engine`) or SG
 same HTTP protocol, so everything after start-up is the same. An engine counts as ready, as in
 slime, once `/health_generate` answers (a real one-token generation) and `/flush_cache` succeeds.
 Each process gets its own log file, its own session (so its whole process tree can be signalled)
-and a parent-death signal, and is stopped at interpreter exit: no process outlives the one that
+and a parent-death signal (rlkube_runtime/proc.py), and is stopped at interpreter exit: no process outlives the one that
 started it.
 
 sglang-router 0.3.2 facts this module relies on (checked against the installed package): workers
@@ -22,9 +22,7 @@ import dataclasses
 import json
 import os
 import pathlib
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -33,6 +31,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rlkube_runtime import proc
 from rlkube_runtime.node_network import socket_ifname_env
 from rlkube_runtime.serving.auth import auth_headers, job_api_key, redacted
 from rlkube_runtime.serving.sglang_args import (
@@ -93,17 +92,10 @@ class ManagedProcess:
         with open(log_path, "ab") as log:
             log.write(f"$ {' '.join(redacted(command))}\n".encode())
             log.flush()
-            self.popen = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
-                start_new_session=True,  # its own process group: stop() reaches grandchildren too
-                preexec_fn=_die_with_parent,
-            )
+            # Its own process group (stop() reaches grandchildren too), killed with this thread.
+            self.popen = proc.start(command, stdout=log, env={**os.environ, **(env or {})})
         _LIVE.add(self)
-        self._finalizer = weakref.finalize(self, _kill_group, self.popen)
+        self._finalizer = weakref.finalize(self, proc.kill_group, self.popen)
 
     @property
     def pid(self) -> int:
@@ -121,19 +113,13 @@ class ManagedProcess:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after `timeout_s`."""
-        if self.alive():
-            _signal_group(self.popen, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        _kill_group(self.popen)
+        proc.stop_group(self.popen, timeout_s)
         _LIVE.discard(self)
         self._finalizer.detach()
 
     def kill(self) -> None:
         """SIGKILL at once (what a crash looks like to the router and clients)."""
-        _kill_group(self.popen)
+        proc.kill_group(self.popen)
         _LIVE.discard(self)
         self._finalizer.detach()
 
@@ -486,30 +472,6 @@ def engine_launch_spec(options: Mapping[str, Any]) -> EngineLaunchSpec:
 def _expect(status: int, body: bytes, ok: int | tuple[int, ...], what: str) -> None:
     if status not in ((ok,) if isinstance(ok, int) else ok):
         raise RuntimeError(f"sglang-router {what} answered HTTP {status}: {body[:500].decode(errors='replace')}")
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGKILL it when the parent dies, however it dies.
-
-    Linux sends the signal when the *thread* that started the child exits, so start engines from
-    a long-lived thread (the main thread, an actor's thread, an executor's worker), not a
-    throw-away one."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _signal_group(popen: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(popen.pid, sig)
-
-
-def _kill_group(popen: subprocess.Popen) -> None:
-    _signal_group(popen, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        popen.wait(5.0)
 
 
 _LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()

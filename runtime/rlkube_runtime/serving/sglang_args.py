@@ -60,7 +60,7 @@ class SGLangServerConfig:
     port: int
     tp_size: int  # rollout.gpusPerEngine
     seed: int  # training.seed + the engine's index
-    dtype: str  # the engine dtype (topology.engine_dtype of model.dtype)
+    dtype: str  # the engine dtype (weight_sync.plan.engine_dtype of model.dtype)
     colocated: bool = False  # resources.placement == colocated
     trust_remote_code: bool = False  # rollout.trustRemoteCode
     nccl_port: int | None = None  # None: SGLang picks one itself

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 from pydantic import Field, model_validator
 
 from .base import SpecModel, cel_rules, cross_field_error
-from .data import DataPath
+from .data import DataPath, DataSpec
 
 
 # On spec.eval, not on each dataset: a rule under a list is multiplied by its length in the API
@@ -45,6 +45,15 @@ class EvalDatasetSpec(SpecModel):
         "prompt is correct (reward > 0), estimated without bias from the nSamples responses per prompt and averaged "
         "over prompts. Each 1 <= k <= nSamples. Default: none.",
     )
+
+    def data_spec(self, data: DataSpec) -> DataSpec:
+        """spec.data as this dataset reads it: its path and keys (the job's where unset), in file order."""
+        return data.model_copy(update={
+            "prompt_data": self.path,
+            "input_key": self.input_key or data.input_key,
+            "label_key": self.label_key or data.label_key,
+            "shuffle": False,
+        })
 
 
 class EvalSpec(SpecModel):

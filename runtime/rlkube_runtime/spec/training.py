@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from .base import SpecModel, cel_rules, cross_field_error, immutable_field, section
 
-# driver._Rollouts keeps one rollout in flight: k+1 generates while k trains.
+# run/loop.py keeps one rollout in flight: k+1 generates while k trains.
 ASYNC_BUFFER_MESSAGE = (
     "asyncBufferSize(%d): only 1 is implemented (async mode generates one rollout ahead: rollout k+1 while "
     "rollout k trains); set 1"

@@ -1,33 +1,39 @@
-"""What the loop needs from a trainer, whatever trains: the PyTorch backend or Megatron-core.
+"""The one contract a trainer backend fulfils, whatever trains: the PyTorch backend or Megatron-core.
 
-Every data-parallel rank holds one backend. `compute_log_probs` and `train_step` are collective:
-call them on all ranks with the same arguments (the whole global batch; each rank computes its
-own share). The others read state that is identical on every rank: call them on one rank
-(`release_memory`/`resume_memory` on each rank that should give memory back). Per rollout:
+The trainer actor (actors/trainer.py) calls these and nothing else:
 
-    batch = batch.with_fields(old_log_probs=backend.compute_log_probs(batch).log_probs)
-    if KL:  batch = batch.with_fields(ref_log_probs=backend.compute_log_probs(batch, model="ref").log_probs)
-    for step_batch in batch.global_batches(global_batch_size):
-        metrics = backend.train_step(step_batch)
-    weights = backend.export_weights()             # or backend.save_hf(dir) for engines loading from disk
-    save_checkpoint(root, rollout_id, {"trainer": backend.state_dict(), "data_source": ...})
+    backend.log_probs(batch, model="actor" | "ref")      # collective: every rank, the whole batch
+    backend.train_step(step_batch) -> StepReport         # collective: one optimizer step
+    backend.save(dir) / backend.load(dir)                # collective: a checkpoint, in the backend's format
+    backend.gather_for_push(keep)                        # collective: the whole model on the pushing ranks
+    backend.weights_for_push() -> (HF name, tensor)...   # on a pushing rank: what the weight sync sends
+    backend.save_hf(dir)                                 # on one rank, after gather_for_push
+    backend.release(keep_weights=...) / backend.restore()  # colocated: give device memory back, take it again
 
-The megatron backend (trainer/megatron/) differs in three places: `export_weights` and `save_hf`
-are collective (the weights are gathered over tensor and pipeline ranks), and checkpoints are
-written by every rank (`save_distributed`/`load_distributed`) instead of `state_dict`.
+Every data-parallel rank holds one backend; a collective call is made on all ranks with the same
+arguments (each computes its own share). `train_step` is a template method: the backend
+accumulates the gradient of the global-batch loss (`accumulate_gradients`) and clips and steps
+(`clip_and_step`); the schedule, the skipped-step rule and the StepReport are the same for all.
+The checkpoint format (one state file from rank 0, or per-rank megatron shards) is the
+backend's own: `checkpoint_format` names it in the checkpoint's payload.
 """
 
 from __future__ import annotations
 
+import abc
 import math
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal
 
 import torch
 import torch.distributed as dist
 
+from ..algorithms.loss import policy_objective
 from .batch import TrainBatch
+from .packing import DEFAULT_MAX_TOKENS_PER_GPU, plan_micro_batches
 
 
 @dataclass(frozen=True)
@@ -50,14 +56,14 @@ class LogProbs:
 
 
 def pick_model(model: str, actor: torch.nn.Module, ref: torch.nn.Module | None) -> torch.nn.Module:
-    """The module `compute_log_probs(model=...)` runs, or an error naming what is missing."""
+    """The module `log_probs(model=...)` runs, or an error naming what is missing."""
     if model == "actor":
         return actor
     if model != "ref":
         raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
     if ref is None:
         raise ValueError(
-            "compute_log_probs(model='ref') needs a reference model; it is loaded when algorithm.use_kl_loss is true"
+            "log_probs(model='ref') needs a reference model; it is loaded when algorithm.use_kl_loss is true"
         )
     return ref
 
@@ -85,22 +91,63 @@ def _gathered(share: dict) -> list[dict]:
     return gathered
 
 
-def step_metrics(loss_metrics: dict[str, float], *, grad_norm: float, lr: float) -> dict[str, float]:
-    """What `train_step` returns: the loss metrics, the gradient norm before clipping, the lr of
-    the step, and whether the step was skipped (a non-finite norm: no optimizer step was taken)."""
-    return {**loss_metrics, "grad_norm": grad_norm, "lr": lr, "skipped_step": float(not math.isfinite(grad_norm))}
+# spec.model.dtype -> the compute dtype on a GPU (a CPU trainer computes in float32).
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Set to 0 to run a GPU trainer's layers and log-prob chunks eagerly (debugging, or a model
+# torch.compile rejects).
+COMPILE_ENV = "RLKUBE_TORCH_COMPILE"
 
 
-@runtime_checkable
-class TrainerBackend(Protocol):
-    def compute_log_probs(
+def compile_enabled() -> bool:
+    return os.environ.get(COMPILE_ENV, "1") not in ("0", "false", "False", "")
+
+
+@dataclass(frozen=True, eq=False)
+class StepReport(Mapping):
+    """What one optimizer step did. As a mapping (what the actor averages and logs): the loss
+    metrics summed over micro-batches and ranks ("loss", "pg_loss", ...), "num_micro_batches"
+    (this rank's), "grad_norm" (before clipping), "lr" (used by this step) and "skipped_step"
+    (1.0 when the norm was not finite and no step was taken)."""
+
+    loss: Mapping[str, float]
+    grad_norm: float
+    lr: float
+
+    @property
+    def skipped(self) -> bool:
+        return not math.isfinite(self.grad_norm)
+
+    def as_dict(self) -> dict[str, float]:
+        return {**self.loss, "grad_norm": self.grad_norm, "lr": self.lr, "skipped_step": float(self.skipped)}
+
+    def __getitem__(self, key: str) -> float:
+        return self.as_dict()[key]
+
+    def __iter__(self):
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+
+class TrainerBackend(abc.ABC):
+    """The contract (see the module's docstring). Subclasses set `device`, `schedule` (an
+    LRSchedule) and `checkpoint_format`, and implement the abstract methods."""
+
+    checkpoint_format: ClassVar[str | None] = None
+    # Whether `gather_for_push` does anything (the model is sharded over the ranks).
+    gathers_for_push: ClassVar[bool] = False
+    device: torch.device
+
+    @abc.abstractmethod
+    def log_probs(
         self, batch: TrainBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
     ) -> LogProbs:
         """Log-probs of every sample's response tokens under the actor or the frozen reference.
 
         No gradients. Collective: every rank computes its share and all receive the whole result.
         """
-        ...
 
     def train_step(
         self,
@@ -108,36 +155,108 @@ class TrainerBackend(Protocol):
         *,
         global_num_samples: int | None = None,
         global_num_tokens: int | None = None,
-    ) -> dict[str, float]:
+    ) -> StepReport:
         """One optimizer step over a global batch (needs old_log_probs, and ref_log_probs for KL).
 
         The loss is `policy_objective` reduced with the global counts (None: counted from
         `batch`), so the step is the same however the batch is split into micro-batches and
-        ranks. Returns the summed loss metrics ("loss", "pg_loss", ...) plus "grad_norm"
-        (before clipping), "lr" (used by this step) and "num_micro_batches" (this rank).
+        ranks. A non-finite gradient norm skips the step (the schedule still advances).
         """
-        ...
+        loss = self.accumulate_gradients(batch, global_num_samples=global_num_samples, global_num_tokens=global_num_tokens)
+        lr = self.schedule.apply()
+        grad_norm = self.clip_and_step()
+        self.schedule.advance()
+        return StepReport(loss, grad_norm, lr)
+
+    @abc.abstractmethod
+    def accumulate_gradients(
+        self, batch: TrainBatch, *, global_num_samples: int | None = None, global_num_tokens: int | None = None
+    ) -> dict[str, float]:
+        """The first half of `train_step`: every parameter's gradient of the global-batch loss,
+        no step. Returns the loss metrics summed over micro-batches and ranks, and
+        "num_micro_batches" (this rank's)."""
+
+    @abc.abstractmethod
+    def clip_and_step(self) -> float:
+        """The second half: clip (spec.training.optimizer.clipGrad), step when the norm is finite,
+        drop the gradients. Returns the norm before clipping."""
+
+    @abc.abstractmethod
+    def save(self, directory: str | Path) -> None:
+        """Collective: this rank's part of a checkpoint (model, optimizer, schedule) into `directory`."""
+
+    @abc.abstractmethod
+    def load(self, directory: str | Path) -> None:
+        """Collective: restore what `save` wrote; the next train_step is then identical."""
+
+    def gather_for_push(self, keep: bool = True) -> None:
+        """Collective: make the whole model readable by `weights_for_push` on this rank (`keep`:
+        whether this rank pushes). Nothing to do where every rank holds the whole model."""
+
+    @abc.abstractmethod
+    def weights_for_push(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named weights, tied tensors once, as they are (not copies; on the training device
+        or the host): what a weight sync sends, in buckets the sender plans."""
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """HF-named parameters and buffers, float32 on CPU, owned by the caller (copies)."""
-        ...
+        return {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in self.weights_for_push()}
 
+    @abc.abstractmethod
     def save_hf(self, directory: str | Path) -> Path:
         """Write an HF model directory (config, weights, tokenizer) that an engine can load; returns it."""
-        ...
 
-    def state_dict(self) -> dict[str, Any]:
-        """Checkpoint state {"model", "optimizer", "scheduler", "rng"}: CPU copies, weights_only-safe."""
-        ...
+    @abc.abstractmethod
+    def release(self, *, keep_weights: bool = False) -> None:
+        """Give accelerator memory back (colocated placement) until `restore`; `keep_weights`
+        leaves the weights in place for a weight sync from device memory."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned; the next train_step is then identical."""
-        ...
+    @abc.abstractmethod
+    def restore(self) -> None:
+        """Undo `release`; training continues exactly where it was."""
 
-    def release_memory(self) -> None:
-        """Give accelerator memory back (colocated placement) until `resume_memory`."""
-        ...
+    # -- what both backends' halves share --------------------------------------------------
 
-    def resume_memory(self) -> None:
-        """Undo `release_memory`; training continues exactly where it was."""
-        ...
+    # Micro-batches hold up to this many padded tokens without spec.parallelism.maxTokensPerGpu.
+    default_max_tokens: int = DEFAULT_MAX_TOKENS_PER_GPU
+
+    @property
+    def memory_released(self) -> bool:
+        return getattr(self, "_released", False)
+
+    def _plan(self, batch: TrainBatch) -> list[list[int]]:
+        """This rank's share of `batch` in micro-batches (lists of sample indices)."""
+        b = self.config.batching
+        return plan_micro_batches(
+            batch.total_lengths,
+            dynamic_batch_size=b.dynamic_batch_size,
+            max_tokens_per_gpu=b.max_tokens_per_gpu,
+            micro_batch_size=b.micro_batch_size,
+            default_max_tokens=self.default_max_tokens,
+        )
+
+    def micro_batch_loss(
+        self, mb: TrainBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None, *,
+        num_samples: int, num_tokens: int,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """`policy_objective` of one micro-batch, given its [R_i] log-probs (and entropy) on the
+        device, reduced with the global batch's counts so micro-batch losses add up to the step's."""
+        return policy_objective(
+            log_probs=log_probs,
+            old_log_probs=self._to_device(mb.old_log_probs),
+            advantages=self._to_device(mb.advantages),
+            loss_masks=self._to_device(mb.loss_masks),
+            entropy=entropy,
+            ref_log_probs=self._to_device(mb.ref_log_probs),
+            rollout_log_probs=self._to_device(mb.rollout_log_probs),
+            global_num_samples=num_samples,
+            global_num_tokens=num_tokens,
+            config=self.config.loss,
+        )
+
+    def _to_device(self, tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+        return None if tensors is None else [t.to(self.device, non_blocking=True) for t in tensors]
+
+    def _check_resident(self, what: str) -> None:
+        if getattr(self, "_released", False):
+            raise RuntimeError(f"{what} called while the trainer's memory is released; call restore() first")

@@ -32,7 +32,7 @@ class TrainBatch:
     advantages:        [R_i] float, per response token.
     rollout_log_probs: [R_i] the engine's log-probs of the sampled tokens (TIS), or None.
     old_log_probs:     [R_i] the actor's log-probs before this rollout's updates; filled from
-                       `TrainerBackend.compute_log_probs(batch, model="actor")`.
+                       `TrainerBackend.log_probs(batch, model="actor")`.
     ref_log_probs:     [R_i] the reference model's log-probs (KL loss); filled likewise.
     """
 
@@ -140,9 +140,9 @@ def loss_counts(
     backend starts a training step with this, so each refuses the same batches in the same words."""
     if len(batch) == 0:
         raise ValueError("train_step got an empty batch; a global batch needs at least one sample")
-    needed = [("old_log_probs", "fill it with compute_log_probs(batch, model='actor')")]
+    needed = [("old_log_probs", "fill it with log_probs(batch, model='actor')")]
     if loss.use_kl_loss:
-        needed.append(("ref_log_probs", "use_kl_loss is on: fill it with compute_log_probs(batch, model='ref')"))
+        needed.append(("ref_log_probs", "use_kl_loss is on: fill it with log_probs(batch, model='ref')"))
     if loss.use_tis:
         needed.append(("rollout_log_probs", "TIS is on: pass the engine's per-token log-probs"))
     for field, how in needed:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,30 +32,32 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..algorithms.entropy import log_probs_and_entropy
-from ..algorithms.loss import policy_objective
-from .backend import LogProbs, joined_over_ranks, pick_model, step_metrics, summed_over_ranks
+from .backend import (
+    COMPILE_ENV, DTYPES, LogProbs, TrainerBackend, compile_enabled, joined_over_ranks, pick_model, summed_over_ranks,
+)
 from .batch import TrainBatch, loss_counts
 from .config import TrainerConfig
-from .lr_schedule import LRSchedule
-from ..memory import PinnedOffload
+from .optim import make_adamw_and_schedule, step_if_finite, to_cpu
+from ..memory import PinnedOffload, unique_named_tensors
 from ..spec.backend_rules import TORCH_SELECTIVE_RECOMPUTE_MESSAGE
-from .packing import DEFAULT_MAX_TOKENS_PER_GPU, pad_rows, partition_for_ranks, plan_micro_batches
+from .packing import pad_rows, partition_for_ranks
 from .rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Without spec.parallelism.maxTokensPerGpu a GPU micro-batch holds up to this many padded tokens:
 # on an H200 at the Qwen3-0.6B shape 16k tokens run 9% faster than 8k per token (fewer, larger
 # launches) at ~50 GiB peak without compiled layers (benchmarks/results/trainer_profile_h200.md).
 GPU_MAX_TOKENS_PER_MICRO_BATCH = 16384
 
-# Set to 0 to run the decoder layers eagerly on a GPU (debugging, or a model torch.compile rejects).
-COMPILE_ENV = "RLKUBE_TORCH_COMPILE"
+# The trainer state in a checkpoint directory (see TorchBackend.save).
+STATE_FILE = "trainer_state.pt"
+
+__all__ = ["COMPILE_ENV", "STATE_FILE", "TorchBackend", "compile_decoder_layers", "compile_enabled"]
 
 
-class TorchBackend:
+class TorchBackend(TrainerBackend):
     """`TrainerBackend` on a transformers `AutoModelForCausalLM`.
 
     device: where this rank computes (default: the current CUDA device when CUDA is available,
@@ -75,7 +76,9 @@ class TorchBackend:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.compute_dtype = _DTYPES[config.model.dtype] if self.device.type == "cuda" else torch.float32
+        self.compute_dtype = DTYPES[config.model.dtype] if self.device.type == "cuda" else torch.float32
+        if self.device.type == "cuda":
+            self.default_max_tokens = GPU_MAX_TOKENS_PER_MICRO_BATCH
         torch.manual_seed(config.seed)
 
         self.model = _load_causal_lm(
@@ -103,18 +106,17 @@ class TorchBackend:
             if self._compiled:
                 compile_decoder_layers(self.ref_model)
 
-        self.optimizer = _make_adamw(self.model, config)
-        self.schedule = LRSchedule(self.optimizer, config.optimizer)
+        self.optimizer, self.schedule = make_adamw_and_schedule(self.model, config)
         self._released = False
         self._offload = PinnedOffload()
 
     # -- forward passes -------------------------------------------------------------------
 
     @torch.no_grad()
-    def compute_log_probs(
+    def log_probs(
         self, batch: TrainBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
     ) -> LogProbs:
-        self._check_resident("compute_log_probs")
+        self._check_resident("log_probs")
         module = pick_model(model, self.model, self.ref_model)
         was_training = module.training
         module.eval()
@@ -128,29 +130,6 @@ class TorchBackend:
         module.train(was_training)
         return LogProbs.in_batch_order(joined_over_ranks(results), len(batch), with_entropy=with_entropy)
 
-    def train_step(
-        self,
-        batch: TrainBatch,
-        *,
-        global_num_samples: int | None = None,
-        global_num_tokens: int | None = None,
-    ) -> dict[str, float]:
-        metrics = self.accumulate_gradients(
-            batch, global_num_samples=global_num_samples, global_num_tokens=global_num_tokens
-        )
-        clip = self.config.optimizer.clip_grad
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=clip if clip > 0 else math.inf)
-        )
-        lr = self.schedule.apply()
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            log.warning("gradient norm is %s; skipping this optimizer step", grad_norm)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.schedule.advance()
-        return step_metrics(metrics, grad_norm=grad_norm, lr=lr)
-
     def accumulate_gradients(
         self,
         batch: TrainBatch,
@@ -161,8 +140,7 @@ class TorchBackend:
         """Set every parameter's `.grad` to the gradient of the global-batch loss; no step.
 
         The first half of `train_step`, public so the gradient itself can be inspected. After
-        it, `.grad` is identical on every rank (collective, like train_step). Returns the loss metrics summed over
-        micro-batches and ranks, and "num_micro_batches" (this rank's).
+        it, `.grad` is identical on every rank (collective, like train_step).
         """
         self._check_resident("train_step")
         loss_cfg = self.config.loss
@@ -183,27 +161,28 @@ class TorchBackend:
                 logp, ent = self._forward(
                     self._train_module, mb, with_entropy=True, entropy_grad=loss_cfg.entropy_coef != 0
                 )
-                loss, metrics = policy_objective(
-                    log_probs=logp,
-                    old_log_probs=self._to_device(mb.old_log_probs),
-                    advantages=self._to_device(mb.advantages),
-                    loss_masks=self._to_device(mb.loss_masks),
-                    entropy=ent,
-                    ref_log_probs=self._to_device(mb.ref_log_probs),
-                    rollout_log_probs=self._to_device(mb.rollout_log_probs),
-                    global_num_samples=num_samples,
-                    global_num_tokens=num_tokens,
-                    config=loss_cfg,
-                )
+                loss, metrics = self.micro_batch_loss(mb, logp, ent, num_samples=num_samples, num_tokens=num_tokens)
                 # DDP averages gradients over ranks; the global loss is their sum.
                 (loss * self.world_size).backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
         return {**summed_over_ranks(sums), "num_micro_batches": float(len(plan))}
 
+    def clip_and_step(self) -> float:
+        clip = self.config.optimizer.clip_grad
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=clip if clip > 0 else math.inf)
+        )
+        return step_if_finite(self.optimizer, grad_norm)
+
     # -- weights out ----------------------------------------------------------------------
 
+    def weights_for_push(self):
+        """The live parameters and buffers (every rank holds the whole model), tied tensors once."""
+        return iter(unique_named_tensors(self.model))
+
     def export_weights(self) -> dict[str, torch.Tensor]:
+        """Every state-dict entry, tied tensors under each of their names."""
         return {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in self.model.state_dict().items()}
 
     def save_hf(self, directory: str | Path) -> Path:
@@ -231,16 +210,32 @@ class TorchBackend:
 
     # -- checkpoints ----------------------------------------------------------------------
 
+    # In a checkpoint directory: `state_dict()` in STATE_FILE, written by rank 0 (the state is the
+    # same on every rank) and read by every rank. The first format: the payload marks none.
+    checkpoint_format: str | None = None
+
+    def save(self, directory: str | Path) -> None:
+        """Collective in name: rank 0 writes the whole trainer state (weights and Adam moments,
+        12 bytes a parameter) straight to `directory`, so it never travels through Ray."""
+        from .checkpoint import save_torch_file
+
+        if self.rank == 0:
+            save_torch_file(Path(directory) / STATE_FILE, self.state_dict())
+
+    def load(self, directory: str | Path) -> None:
+        """Every rank reads what `save` wrote."""
+        self.load_state_dict(torch.load(Path(directory) / STATE_FILE, map_location="cpu", weights_only=True))
+
     def state_dict(self) -> dict[str, Any]:
         """CPU copies of model, optimizer, scheduler and this process's RNG state.
 
         Not collective (call it on one rank): weights and optimizer state are the same on every
-        rank. The RNG state is this rank's; the job's driver saves every rank's streams beside
-        it (`TrainerWorker.rng_state`) so each rank resumes with its own.
+        rank. The RNG state is this rank's; the job saves every rank's streams beside it
+        (`TrainerWorker.save`) so each rank resumes with its own.
         """
         return {
             "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
-            "optimizer": _to_cpu(self.optimizer.state_dict()),
+            "optimizer": to_cpu(self.optimizer.state_dict()),
             "scheduler": self.schedule.state_dict(),
             "rng": capture_rng_state(),
         }
@@ -256,7 +251,7 @@ class TorchBackend:
 
     # -- colocated placement --------------------------------------------------------------
 
-    def release_memory(self, *, keep_weights: bool = False) -> None:
+    def release(self, *, keep_weights: bool = False) -> None:
         """Free gradients; on GPU also move the reference model, the Adam moments and (unless
         `keep_weights`) the actor's weights to pinned host memory.
 
@@ -266,7 +261,7 @@ class TorchBackend:
         their references) and the CUDA caching allocator returns its free blocks. DDP's gradient
         buckets (one model-size buffer) stay allocated. `keep_weights` leaves the actor on the
         GPU for a weight sync from device memory; a later call without it moves them too.
-        Forward passes raise until `resume_memory`.
+        Forward passes raise until `restore`.
         """
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type != "cpu":
@@ -278,8 +273,8 @@ class TorchBackend:
             torch.cuda.empty_cache()
         self._released = True
 
-    def resume_memory(self) -> None:
-        """Move what `release_memory` offloaded back to the training device."""
+    def restore(self) -> None:
+        """Move what `release` offloaded back to the training device."""
         if not self._released:
             return
         if self.device.type != "cpu":
@@ -288,21 +283,9 @@ class TorchBackend:
             self._offload.wait(self.device)
         self._released = False
 
-    @property
-    def memory_released(self) -> bool:
-        return self._released
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _plan(self, batch: TrainBatch) -> list[list[int]]:
-        b = self.config.batching
-        return plan_micro_batches(
-            batch.total_lengths,
-            dynamic_batch_size=b.dynamic_batch_size,
-            max_tokens_per_gpu=b.max_tokens_per_gpu,
-            micro_batch_size=b.micro_batch_size,
-            default_max_tokens=GPU_MAX_TOKENS_PER_MICRO_BATCH if self.device.type == "cuda" else DEFAULT_MAX_TOKENS_PER_GPU,
-        )
 
     def _forward(
         self, module: torch.nn.Module, mb: TrainBatch, *, with_entropy: bool, entropy_grad: bool
@@ -346,9 +329,6 @@ class TorchBackend:
             return torch.autocast("cuda", dtype=self.compute_dtype)
         return contextlib.nullcontext()
 
-    def _to_device(self, tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
-        return None if tensors is None else [t.to(self.device, non_blocking=True) for t in tensors]
-
     def _move_module(self, module: torch.nn.Module, tag: str, device: torch.device) -> None:
         for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
             if tensor.device != device:
@@ -368,10 +348,6 @@ class TorchBackend:
             return self._offload.to_host(key, tensor)
         return self._offload.to_device(tensor, device)
 
-    def _check_resident(self, what: str) -> None:
-        if self._released:
-            raise RuntimeError(f"{what} called while the trainer's memory is released; call resume_memory() first")
-
 
 class ResponseLogits(torch.nn.Module):
     """A causal LM computing logits only where they are used: at the (rows, cols) positions
@@ -388,10 +364,6 @@ class ResponseLogits(torch.nn.Module):
         # see a pad, and transformers runs plain causal (flash) attention.
         hidden = self.lm.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
         return self.lm.get_output_embeddings()(hidden[rows, cols])
-
-
-def compile_enabled() -> bool:
-    return os.environ.get(COMPILE_ENV, "1") not in ("0", "false", "False", "")
 
 
 def compile_decoder_layers(model: torch.nn.Module) -> int:
@@ -446,31 +418,3 @@ def _no_forward_buffer_sync() -> dict[str, bool]:
 
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
-
-
-def _make_adamw(model: torch.nn.Module, config: TrainerConfig) -> torch.optim.AdamW:
-    """AdamW; like Megatron, biases and norm weights (1-D parameters) get no weight decay. On a
-    GPU the fused kernel: one launch for all parameters instead of several per tensor."""
-    opt = config.optimizer
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    fused = bool(params) and all(p.device.type == "cuda" for p in params)
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, fused=fused
-    )
-
-
-def _to_cpu(obj: Any) -> Any:
-    """A deep copy of a (nested) state dict with every tensor on CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_to_cpu(v) for v in obj)
-    return obj

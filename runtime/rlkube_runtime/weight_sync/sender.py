@@ -37,23 +37,12 @@ import torch.multiprocessing
 
 from rlkube_runtime.memory import unique_named_tensors
 from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
+from rlkube_runtime.weight_sync.coordinator import SyncReport
+from rlkube_runtime.weight_sync.plan import TRANSPORTS
 
 log = logging.getLogger(__name__)
 
-TRANSPORTS = ("tensor", "distributed", "http", "disk")
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
-
-
-@dataclasses.dataclass
-class SyncReport:
-    """What one push did: tensor bytes sent to each engine, seconds, requests per engine, and
-    the engines that failed (URL -> error), which the caller replaces."""
-
-    transport: str
-    bytes_per_engine: int = 0
-    seconds: float = 0.0
-    requests_per_engine: int = 0
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -101,7 +90,7 @@ class WeightSender:
         if transport not in TRANSPORTS:
             raise ValueError(f"weight-sync transport must be one of {list(TRANSPORTS)}, got {transport!r}")
         started = time.monotonic()
-        report = SyncReport(transport=transport)
+        report = SyncReport(transport=transport, version=version)
         if transport == "disk":
             asyncio.run(self._push_disk(list(urls), version, disk_dir, report))
         else:

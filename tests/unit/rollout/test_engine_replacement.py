@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rlkube_runtime.serving.launch import ProcessStartError
-from rlkube_runtime.actors.engine_pool import EnginePool, EngineRestartLimitExceeded
+from rlkube_runtime.actors.engine_pool import EnginePool, EngineRestartLimitExceeded, PoolConfig
 from rlkube_runtime.spec import RLJobSpec
 
 LOCAL_TINY = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "local-tiny.yaml"
@@ -72,7 +72,8 @@ def _pool(outcomes, max_restarts=2):
     spec = yaml.safe_load(LOCAL_TINY.read_text())["spec"]
     spec["faultTolerance"] = {"maxEngineRestarts": max_restarts}
     manager = EnginePool(
-        RLJobSpec.model_validate(spec), model_path="unused", log_dir=tempfile.mkdtemp(prefix="rlkube-replacement-")
+        RLJobSpec.model_validate(spec),
+        PoolConfig(model_path="unused", log_dir=tempfile.mkdtemp(prefix="rlkube-replacement-")),
     )
     manager._urls = ["http://engine:1", "http://engine:2"]
     manager._admins = {f"http://engine:{i}": _Admin() for i in range(1, 10)}

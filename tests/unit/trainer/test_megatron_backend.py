@@ -33,7 +33,7 @@ def config(path, **loss) -> TrainerConfig:
 
 def with_old(backend, batch, noise=0.3):
     g = torch.Generator().manual_seed(1)
-    old = [lp + noise * torch.randn(lp.shape, generator=g) for lp in backend.compute_log_probs(batch).log_probs]
+    old = [lp + noise * torch.randn(lp.shape, generator=g) for lp in backend.log_probs(batch).log_probs]
     return batch.with_fields(old_log_probs=old)
 
 
@@ -136,13 +136,13 @@ def test_the_kl_loss_reads_a_frozen_reference_like_the_torch_backend(qwen3):
     kl = dict(use_kl_loss=True, kl_loss_coef=0.1)
     mega, ref = MegatronBackend(config(qwen3, **kl), device="cpu"), TorchBackend(config(qwen3, **kl), device="cpu")
     b = with_old(mega, batch)
-    assert mega.compute_log_probs(b, model="ref").log_probs[0].equal(mega.compute_log_probs(b).log_probs[0])
-    mega.train_step(b.with_fields(ref_log_probs=mega.compute_log_probs(b, model="ref").log_probs))
+    assert mega.log_probs(b, model="ref").log_probs[0].equal(mega.log_probs(b).log_probs[0])
+    mega.train_step(b.with_fields(ref_log_probs=mega.log_probs(b, model="ref").log_probs))
     # The actor moved, the reference did not: the second step has a KL term, equal in both backends.
     tb = with_old(ref, batch)
-    ref.train_step(tb.with_fields(ref_log_probs=ref.compute_log_probs(tb, model="ref").log_probs))
-    got = mega.train_step(b.with_fields(ref_log_probs=mega.compute_log_probs(b, model="ref").log_probs))
-    want = ref.train_step(tb.with_fields(ref_log_probs=ref.compute_log_probs(tb, model="ref").log_probs))
+    ref.train_step(tb.with_fields(ref_log_probs=ref.log_probs(tb, model="ref").log_probs))
+    got = mega.train_step(b.with_fields(ref_log_probs=mega.log_probs(b, model="ref").log_probs))
+    want = ref.train_step(tb.with_fields(ref_log_probs=ref.log_probs(tb, model="ref").log_probs))
     assert got["kl_loss"] > 0
     assert got["kl_loss"] == pytest.approx(want["kl_loss"], rel=1e-3)
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
@@ -151,5 +151,5 @@ def test_the_kl_loss_reads_a_frozen_reference_like_the_torch_backend(qwen3):
 def test_cpu_mode_is_undone_after_each_call(qwen3):
     current_device, synchronize = torch.cuda.current_device, torch.cuda.synchronize
     backend = MegatronBackend(config(qwen3), device="cpu")
-    backend.compute_log_probs(random_batch(LENGTHS[:2], vocab=(8, 120)))
+    backend.log_probs(random_batch(LENGTHS[:2], vocab=(8, 120)))
     assert torch.cuda.current_device is current_device and torch.cuda.synchronize is synchronize

@@ -68,20 +68,20 @@ def _first_step(rank, world, store, result, hf, tensor, pipeline, sp):
 
     _init(rank, world, store)
     backend = MegatronBackend(_config(hf), ParallelSizes(tensor=tensor, pipeline=pipeline, sequence_parallel=sp))
-    batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+    batch = _batch(backend.log_probs(_batch()).log_probs)
     metrics = backend.train_step(batch)
     out = {"metrics": metrics}
     if world == 1:  # the colocated hand-off, on one GPU
         before = torch.cuda.memory_allocated()
         weights = backend.export_weights()
         # The loop's order: keep the weights for the sync, then give them up too.
-        backend.release_memory(keep_weights=True)
+        backend.release(keep_weights=True)
         out["kept_weights_equal"] = all(torch.equal(v, weights[k]) for k, v in backend.export_weights().items())
-        backend.release_memory()
+        backend.release()
         out["released_bytes"] = before - torch.cuda.memory_allocated()
         out["params"] = sum(v.numel() for k, v in weights.items() if k != "lm_head.weight")
         out["export_while_released_equal"] = all(torch.equal(v, weights[k]) for k, v in backend.export_weights().items())
-        backend.resume_memory()
+        backend.restore()
         out["after_resume"] = backend.train_step(batch)
     if rank == 0:
         torch.save(out, result)
@@ -91,7 +91,7 @@ def _torch_first_step(hf):
     from rlkube_runtime.trainer.torch_backend import TorchBackend
 
     backend = TorchBackend(_config(hf), device="cuda")
-    batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+    batch = _batch(backend.log_probs(_batch()).log_probs)
     return backend.train_step(batch)
 
 
@@ -126,10 +126,10 @@ def _train_save_then_die(rank, world, store, result, hf, ckpt, k):
     _init(rank, world, store)
     backend = MegatronBackend(_config(hf), ParallelSizes(tensor=2))
     for _ in range(k):
-        batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+        batch = _batch(backend.log_probs(_batch()).log_probs)
         backend.train_step(batch)
     backend.save_distributed(ckpt)
-    batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+    batch = _batch(backend.log_probs(_batch()).log_probs)
     nxt = backend.train_step(batch)
     if rank == 0:
         torch.save({"next": nxt, "old_log_probs": batch.old_log_probs}, result)
@@ -144,7 +144,7 @@ def _resume_and_step(rank, world, store, result, hf, ckpt):
     _init(rank, world, store)
     backend = MegatronBackend(_config(hf), ParallelSizes(tensor=2))
     backend.load_distributed(ckpt)
-    batch = _batch(backend.compute_log_probs(_batch()).log_probs)
+    batch = _batch(backend.log_probs(_batch()).log_probs)
     nxt = backend.train_step(batch)
     if rank == 0:
         torch.save({"next": nxt, "old_log_probs": batch.old_log_probs}, result)

@@ -41,7 +41,7 @@ def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, ckpt: str, resu
 
     sizes = ParallelSizes(tensor=tensor, sequence_parallel=sp)
     backend = MegatronBackend(_config(hf), sizes, device="cpu")
-    batch = _batch(backend.compute_log_probs(_batch(None)).log_probs)
+    batch = _batch(backend.log_probs(_batch(None)).log_probs)
     first = backend.train_step(batch)
     weights = backend.export_weights()
     backend.save_distributed(ckpt)
@@ -70,7 +70,7 @@ def test_two_ranks_step_like_one_torch_process_and_resume_exactly(tensor, sp, tm
     first, weights, second, resumed = torch.load(tmp_path / "result.pt", weights_only=True)
 
     ref = TorchBackend(_config(hf), device="cpu")
-    want = ref.train_step(_batch(ref.compute_log_probs(_batch(None)).log_probs))
+    want = ref.train_step(_batch(ref.log_probs(_batch(None)).log_probs))
     for key in ("loss", "pg_loss", "grad_norm"):
         assert first[key] == pytest.approx(want[key], rel=1e-5), key
     for name, tensor_ in ref.export_weights().items():

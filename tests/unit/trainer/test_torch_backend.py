@@ -35,7 +35,7 @@ def make_backend(checkpoint, *, batching=None, loss=None, optimizer=None, temper
 def with_old_log_probs(backend, batch, *, noise=0.0, seed=1):
     """old_log_probs from the actor, optionally shifted so the PPO ratio and its clipping engage."""
     g = torch.Generator().manual_seed(seed)
-    old = [lp + noise * torch.randn(lp.shape, generator=g) for lp in backend.compute_log_probs(batch).log_probs]
+    old = [lp + noise * torch.randn(lp.shape, generator=g) for lp in backend.log_probs(batch).log_probs]
     return batch.with_fields(old_log_probs=old)
 
 
@@ -47,7 +47,7 @@ def test_backend_satisfies_the_interface(tiny_checkpoint):
 def test_log_probs_and_entropy_equal_an_unpacked_forward_at_the_temperature(tiny_checkpoint, attn_implementation):
     backend = make_backend(tiny_checkpoint, temperature=0.7, attn_implementation=attn_implementation)
     batch = random_batch(LENGTHS)
-    out = backend.compute_log_probs(batch, with_entropy=True)
+    out = backend.log_probs(batch, with_entropy=True)
 
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
     for tokens, r, logp, ent in zip(batch.tokens, batch.response_lengths, out.log_probs, out.entropy):
@@ -64,7 +64,7 @@ def test_log_probs_and_entropy_equal_an_unpacked_forward_at_the_temperature(tiny
 def test_log_probs_do_not_depend_on_packing(tiny_checkpoint):
     batch = random_batch(LENGTHS)
     results = [
-        make_backend(tiny_checkpoint, batching=b).compute_log_probs(batch).log_probs
+        make_backend(tiny_checkpoint, batching=b).log_probs(batch).log_probs
         for b in (
             BatchingConfig(max_tokens_per_gpu=1000),
             BatchingConfig(max_tokens_per_gpu=21),
@@ -131,7 +131,7 @@ def test_a_training_step_raises_the_rewarded_sample_and_moves_every_parameter(ti
 
     metrics = backend.train_step(batch)
 
-    after = backend.compute_log_probs(batch).log_probs
+    after = backend.log_probs(batch).log_probs
     assert after[0].sum() > batch.old_log_probs[0].sum() + 0.1
     assert after[1].sum() < batch.old_log_probs[1].sum() - 0.1
     unmoved = [n for n, p in backend.model.named_parameters() if torch.equal(p.detach(), before[n])]
@@ -232,12 +232,12 @@ def test_release_memory_frees_gradients_and_resume_continues_identically(tiny_ch
     batch = with_old_log_probs(backend, batch)
     backend.accumulate_gradients(batch)
     assert all(p.grad is not None for p in backend.model.parameters())
-    backend.release_memory()
+    backend.release()
     assert backend.memory_released
     assert all(p.grad is None for p in backend.model.parameters())
-    with pytest.raises(RuntimeError, match="call resume_memory"):
-        backend.compute_log_probs(batch)
-    backend.resume_memory()
+    with pytest.raises(RuntimeError, match="call restore"):
+        backend.log_probs(batch)
+    backend.restore()
     assert backend.train_step(batch) == expected
     for name, value in backend.export_weights().items():
         assert torch.equal(value, twin.export_weights()[name])
@@ -246,13 +246,13 @@ def test_release_memory_frees_gradients_and_resume_continues_identically(tiny_ch
 def test_reference_model_stays_at_the_initial_weights(tiny_checkpoint):
     backend = make_backend(tiny_checkpoint, loss=LossConfig(use_kl_loss=True, kl_loss_coef=0.1))
     batch = random_batch(LENGTHS)
-    initial = backend.compute_log_probs(batch, model="ref").log_probs
+    initial = backend.log_probs(batch, model="ref").log_probs
     batch = with_old_log_probs(backend, batch).with_fields(ref_log_probs=initial)
     metrics = backend.train_step(batch)
     assert metrics["kl_loss"] == pytest.approx(0.0, abs=1e-7)
-    for a, b in zip(initial, backend.compute_log_probs(batch, model="ref").log_probs):
+    for a, b in zip(initial, backend.log_probs(batch, model="ref").log_probs):
         assert torch.equal(a, b)
-    assert any(not torch.equal(a, b) for a, b in zip(initial, backend.compute_log_probs(batch).log_probs))
+    assert any(not torch.equal(a, b) for a, b in zip(initial, backend.log_probs(batch).log_probs))
 
 
 def test_tis_uses_the_engine_log_probs(tiny_checkpoint):
@@ -272,7 +272,7 @@ def test_missing_inputs_are_named(tiny_checkpoint):
     with pytest.raises(ValueError, match="TrainBatch.ref_log_probs, which is None"):
         backend.train_step(with_old_log_probs(backend, batch))
     with pytest.raises(ValueError, match="model='ref'\\) needs a reference model"):
-        make_backend(tiny_checkpoint).compute_log_probs(batch, model="ref")
+        make_backend(tiny_checkpoint).log_probs(batch, model="ref")
 
 
 def test_lr_follows_the_schedule_across_steps(tiny_checkpoint):

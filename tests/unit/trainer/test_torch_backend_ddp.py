@@ -31,8 +31,8 @@ def run_steps(checkpoint: str, per_token_loss: bool) -> dict:
         )
     )
     batch = random_batch(LENGTHS)
-    old = backend.compute_log_probs(batch).log_probs
-    ref = backend.compute_log_probs(batch, model="ref").log_probs
+    old = backend.log_probs(batch).log_probs
+    ref = backend.log_probs(batch, model="ref").log_probs
     # Shift old log-probs so the ratio is not 1 and clipping engages.
     batch = batch.with_fields(old_log_probs=[lp + 0.5 * torch.sin(torch.arange(lp.numel())) for lp in old], ref_log_probs=ref)
     steps = [*batch.global_batches(3), batch.select([4])]  # the last leaves one rank without samples

@@ -36,10 +36,10 @@ def make_backend(checkpoint, device, dtype="bfloat16"):
 
 def test_bf16_autocast_keeps_fp32_master_weights_and_matches_cpu(tiny_checkpoint):
     batch = random_batch(LENGTHS)
-    cpu = make_backend(tiny_checkpoint, "cpu").compute_log_probs(batch).log_probs
+    cpu = make_backend(tiny_checkpoint, "cpu").log_probs(batch).log_probs
     gpu_backend = make_backend(tiny_checkpoint, "cuda")
     assert gpu_backend.compute_dtype == torch.bfloat16
-    gpu = gpu_backend.compute_log_probs(batch).log_probs
+    gpu = gpu_backend.log_probs(batch).log_probs
     for a, b in zip(cpu, gpu):
         assert b.device.type == "cpu" and b.dtype == torch.float32
         assert (a - b).abs().max().item() < 0.1  # bf16 rounding, not a different computation
@@ -54,21 +54,21 @@ def test_release_memory_moves_weights_and_moments_off_the_gpu(tiny_checkpoint):
     twin = make_backend(tiny_checkpoint, "cuda", dtype="float32")
     backend = make_backend(tiny_checkpoint, "cuda", dtype="float32")
     for b in (twin, backend):
-        lp = b.compute_log_probs(batch).log_probs
+        lp = b.log_probs(batch).log_probs
         b.train_step(batch.with_fields(old_log_probs=lp, ref_log_probs=lp))
     batch = batch.with_fields(old_log_probs=lp, ref_log_probs=lp)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     param_bytes = sum(p.numel() * 4 for p in backend.model.parameters())
 
-    backend.release_memory()
+    backend.release()
     torch.cuda.synchronize()
     after = torch.cuda.memory_allocated()
     # Actor + reference weights and two Adam moments: at least 4 model sizes leave the GPU.
     assert before - after >= 4 * param_bytes
     assert all(p.device.type == "cpu" for p in backend.model.parameters())
 
-    backend.resume_memory()
+    backend.restore()
     assert all(p.device.type == "cuda" for p in backend.model.parameters())
     # GPU kernels may add in a different order run to run, so "identical" is up to rounding.
     metrics, expected = backend.train_step(batch), twin.train_step(batch)
@@ -94,7 +94,7 @@ def test_full_recompute_keeps_the_gradients_and_cuts_activation_memory(tmp_path)
             ),
             device="cuda",
         )
-        lp = backend.compute_log_probs(batch).log_probs
+        lp = backend.log_probs(batch).log_probs
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()

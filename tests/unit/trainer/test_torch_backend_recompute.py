@@ -32,7 +32,7 @@ def _gradients_and_layer_calls(checkpoint, recompute: str) -> tuple[dict[str, to
     backend = _backend(checkpoint, recompute)
     batch = random_batch(LENGTHS)
     g = torch.Generator().manual_seed(1)
-    old = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in backend.compute_log_probs(batch).log_probs]
+    old = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in backend.log_probs(batch).log_probs]
     batch = batch.with_fields(old_log_probs=old)
     calls = []
     layers = backend.model.base_model.layers
@@ -80,7 +80,7 @@ def _ddp_steps(checkpoint: str, recompute: str) -> dict[str, torch.Tensor]:
     """Two optimizer steps on 2-sample global batches, then one on a single sample (one rank idle)."""
     backend = _backend(checkpoint, recompute)
     batch = random_batch(LENGTHS)
-    old = backend.compute_log_probs(batch).log_probs
+    old = backend.log_probs(batch).log_probs
     batch = batch.with_fields(old_log_probs=[lp + 0.3 * torch.sin(torch.arange(lp.numel())) for lp in old])
     for step in [*batch.global_batches(2), batch.select([1])]:
         backend.train_step(step)

@@ -16,12 +16,13 @@ Two ways to train, chosen by the device:
 - GPU: megatron-core DistributedDataParallel with the distributed optimizer (fp32 master weights
   sharded over data-parallel ranks), bf16 (or fp16) compute, megatron's grad-norm clipping.
 - CPU (tests, CI, tiny runs): megatron-core's DDP and distributed optimizer allocate their buffers
-  on CUDA, so the CPU path keeps fp32 parameters and steps torch AdamW (the torch backend's
-  `_make_adamw`), summing gradients over data-parallel ranks and computing the norm over the
+  on CUDA, so the CPU path keeps fp32 parameters and steps torch AdamW (trainer/optim.py, as the
+  torch backend does), summing gradients over data-parallel ranks and computing the norm over the
   tensor/pipeline shards itself. The model, the schedule and the checkpoint format are the same.
 
-Weights leave as HF-named tensors (`export_weights`, gathered over tensor and pipeline ranks)
-and checkpoints are megatron distributed checkpoints (checkpoint.py in this package).
+Weights leave as HF-named tensors (gathered over tensor and pipeline ranks by `gather_for_push`
+or `export_weights`; conversion in convert.py, HF files in weights.py) and checkpoints are
+megatron distributed checkpoints (checkpoint.py in this package).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -38,27 +38,26 @@ import torch
 import torch.distributed as dist
 
 from ...algorithms.entropy import log_probs_and_entropy
-from ...algorithms.loss import policy_objective
-from ..backend import LogProbs, joined_over_ranks, pick_model, step_metrics, summed_over_ranks
+from ..backend import DTYPES, LogProbs, TrainerBackend, compile_enabled, joined_over_ranks, pick_model, summed_over_ranks
 from ..batch import TrainBatch, loss_counts
 from ..config import TrainerConfig
 from ..lr_schedule import LRSchedule
-from ..torch_backend import compile_enabled
-from ..packing import pad_rows, partition_for_ranks, plan_micro_batches
-from . import convert
+from ..optim import make_adamw
+from ..packing import partition_for_ranks
+from . import checkpoint, convert, optimizer
 from .cpu import in_cpu_mode
+from .micro_batch import model_inputs
 from .model import HFArchitecture, ParallelSizes, build_gpt_model, hf_architecture, split_megatron_args, transformer_config
-from .weights import read_hf_tensors
+from .parallel import all_gather_stages, init_parallel_state, seed_model_parallel
+from .weights import layer_offset, load_hf_into, named_weights, write_hf_directory
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Megatron clips only when clip_grad > 0, and reports a norm only when it clips: "off" is a
-# threshold no norm reaches, so the norm is still reported as the torch backend does.
-_NO_CLIP = 1e30
+# A checkpoint's megatron part: this sub-directory of the checkpoint's directory.
+CHECKPOINT_DIR = "trainer"
 
 
-class MegatronBackend:
+class MegatronBackend(TrainerBackend):
     """`TrainerBackend` on megatron-core.
 
     sizes: tensor/pipeline/context parallel sizes, sequence parallelism and recompute
@@ -83,7 +82,7 @@ class MegatronBackend:
         self.cpu = self.device.type == "cpu"
         # On a GPU the log-prob/entropy chunks run compiled, as in the torch backend (RLKUBE_TORCH_COMPILE=0: eager).
         self._compiled = not self.cpu and compile_enabled()
-        self.dtype = torch.float32 if self.cpu else _DTYPES[config.model.dtype]
+        self.dtype = torch.float32 if self.cpu else DTYPES[config.model.dtype]
         self._model_over, self._optim_over = split_megatron_args(megatron_args or {})
         if self.cpu and self._optim_over:
             key = next(k for k in megatron_args or {} if k.lstrip("-").replace("-", "_") in self._optim_over)
@@ -104,7 +103,7 @@ class MegatronBackend:
         self.arch: HFArchitecture = hf_architecture(hf_config)
         self.tconfig = transformer_config(self.arch, self.sizes, dtype=self.dtype, cpu=self.cpu, overrides=model_over)
 
-        _init_parallel_state(self.sizes, cpu=self.cpu)
+        init_parallel_state(self.sizes, cpu=self.cpu)
         self.rank = dist.get_rank()
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
@@ -116,7 +115,7 @@ class MegatronBackend:
                 "use 1 on a CPU trainer"
             )
         torch.manual_seed(config.seed)
-        _seed_model_parallel(config.seed, cpu=self.cpu)
+        seed_model_parallel(config.seed, cpu=self.cpu)
 
         self._positions: tuple[torch.Tensor, torch.Tensor] | None = None  # see _only_response_positions
         self.model = self._build(config.model.hf_checkpoint)  # the GPTModel (this rank's shard)
@@ -127,23 +126,23 @@ class MegatronBackend:
             self.ref_module = self._half(self.ref_model)
         self.train_module = self._half(self.model)  # what the schedule runs (DDP on GPU)
         if self.cpu:
-            from ..torch_backend import _make_adamw
-
-            self.optimizer = _make_adamw(self.model, config)
+            self.optimizer = make_adamw(self.model, config)
         else:
-            self.train_module, self.optimizer = self._gpu_ddp_and_optimizer(self.train_module)
+            self.train_module, self.optimizer = optimizer.gpu_ddp_and_optimizer(
+                self.train_module, self.tconfig, config.optimizer, dtype=self.dtype, overrides=self._optim_over)
         self.schedule = LRSchedule(self.optimizer, config.optimizer)
         self._released = False
         self._weights_offloaded = False  # GPU: the DDP weights buffer sits in host memory
+        self._gathered: dict[str, torch.Tensor] | None = None  # the whole model, for pushes (gather_for_push)
 
     # -- forward passes -------------------------------------------------------------------
 
     @in_cpu_mode
     @torch.no_grad()
-    def compute_log_probs(
+    def log_probs(
         self, batch: TrainBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
     ) -> LogProbs:
-        self._check_resident("compute_log_probs")
+        self._check_resident("log_probs")
         module = pick_model(model, self.train_module, self.ref_module if self.ref_model is not None else None)
         mine = partition_for_ranks(batch.total_lengths, self.dp_size)[self.dp_rank]
         local = batch.select(mine)
@@ -161,32 +160,19 @@ class MegatronBackend:
         results = joined_over_ranks(results if self._reports else {})
         return LogProbs.in_batch_order(results, len(batch), with_entropy=with_entropy)
 
-    def train_step(
-        self,
-        batch: TrainBatch,
-        *,
-        global_num_samples: int | None = None,
-        global_num_tokens: int | None = None,
-    ) -> dict[str, float]:
-        metrics = self.accumulate_gradients(
-            batch, global_num_samples=global_num_samples, global_num_tokens=global_num_tokens
-        )
-        lr = self.schedule.apply()
+    def clip_and_step(self) -> float:
         if self.cpu:
-            grad_norm = self._cpu_clip_and_step()
-        elif not self._gpu_grads_finite():
+            return optimizer.cpu_clip_and_step(self.model, self.optimizer, self.config.optimizer.clip_grad)
+        if not optimizer.gpu_grads_finite(self._ddp_buffers(), self.device):
             # bf16 has no loss scaler to catch this, and megatron would step on NaN; the torch
             # backend skips such a step, and so does this one.
             log.warning("non-finite gradients; skipping this optimizer step")
-            grad_norm = math.nan
             self._zero_grad()
-        else:
-            ok, norm, _ = self.optimizer.step()
-            grad_norm = float(norm) if norm is not None else math.nan
-            if not ok:
-                log.warning("megatron optimizer skipped this step")
-        self.schedule.advance()
-        return step_metrics(metrics, grad_norm=grad_norm, lr=lr)
+            return math.nan
+        ok, norm, _ = self.optimizer.step()
+        if not ok:
+            log.warning("megatron optimizer skipped this step")
+        return float(norm) if norm is not None else math.nan
 
     @in_cpu_mode
     def accumulate_gradients(
@@ -196,8 +182,7 @@ class MegatronBackend:
         global_num_samples: int | None = None,
         global_num_tokens: int | None = None,
     ) -> dict[str, float]:
-        """The gradient of the global-batch loss in every parameter's grad (main_grad on GPU);
-        no step. Returns the loss metrics summed over micro-batches and ranks."""
+        """The gradient of the global-batch loss in every parameter's grad (main_grad on GPU); no step."""
         self._check_resident("train_step")
         counts = loss_counts(
             batch, self.config.loss, global_num_samples=global_num_samples, global_num_tokens=global_num_tokens
@@ -214,7 +199,8 @@ class MegatronBackend:
         outputs = self._run(self.train_module, micro, forward_only=False,
                             loss=partial(self._objective, counts=counts, num_micro=len(micro)))
         if self.cpu:
-            self._cpu_reduce_grads()
+            optimizer.cpu_reduce_grads(self.model, sizes=self.sizes, arch=self.arch, dp_size=self.dp_size,
+                                       tp_size=self.tp_size, pp_size=self.pp_size)
         sums: dict[str, float] = {}
         for out in outputs:
             for key, value in out.items():
@@ -234,71 +220,86 @@ class MegatronBackend:
     def _export_weights(self) -> dict[str, torch.Tensor]:
         from megatron.core import parallel_state as ps
 
-        offset = self._layer_offset(self.model)
+        offset = layer_offset(self.model)
         mine: dict[str, torch.Tensor] = {}
-        for name, tensor in _named_weights(self.model):
+        for name, tensor in named_weights(self.model):
             if name == "output_layer.weight" and self.arch.tie_word_embeddings:
                 continue  # a copy of the word embeddings on the last stage
             full = self._gather_tp(name, tensor.detach())
             mine[convert.to_global_layer(name, offset)] = full.to("cpu", torch.float32, copy=True)
         if self.pp_size > 1:
-            mine = _all_gather_stages(mine, ps.get_pipeline_model_parallel_group(), self.device)
+            mine = all_gather_stages(mine, ps.get_pipeline_model_parallel_group(), self.device)
         return convert.megatron_to_hf(mine, self.arch)
 
-    def save_hf(self, directory: str | Path) -> Path:
-        """Export (collective) and write the HF directory on global rank 0."""
+    def gather_for_push(self, keep: bool = True) -> None:
+        """Collective: the whole model (`export_weights`) kept on the ranks that push (`keep`),
+        for the pushes that follow, which run on those ranks alone."""
         weights = self.export_weights()
-        if self.rank == 0:
-            write_hf_directory(weights, directory, self.config.model.hf_checkpoint,
-                               trust_remote_code=self.config.model.trust_remote_code,
-                               tied=self.arch.tie_word_embeddings)
-        return Path(directory)
+        self._gathered = weights if keep else None
+
+    def weights_for_push(self):
+        return iter(self._gathered_weights().items())
+
+    def save_hf(self, directory: str | Path) -> Path:
+        """The weights of the last `gather_for_push` as an HF directory; on one rank."""
+        return write_hf_directory(self._gathered_weights(), directory, self.config.model.hf_checkpoint,
+                                  trust_remote_code=self.config.model.trust_remote_code,
+                                  tied=self.arch.tie_word_embeddings)
+
+    def _gathered_weights(self) -> dict[str, torch.Tensor]:
+        if self._gathered is None:
+            raise RuntimeError("no gathered weights: the loop calls stage_weights (gather_for_push) on every "
+                               "trainer rank before a push or an HF export")
+        return self._gathered
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError(
-            "the megatron backend saves distributed checkpoints from every rank: use save_distributed(dir)"
-        )
+    # In a checkpoint directory: every rank's shards under CHECKPOINT_DIR (checkpoint.py).
+    checkpoint_format: str | None = "megatron_dist"
+    gathers_for_push = True  # tensor and pipeline ranks each hold a part of the model
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError("the megatron backend loads distributed checkpoints: use load_distributed(dir)")
+    def save(self, directory: str | Path) -> None:
+        """Collective: this rank's part of the checkpoint in `directory`."""
+        self.save_distributed(Path(directory) / CHECKPOINT_DIR)
+
+    def load(self, directory: str | Path) -> None:
+        """Collective: restore what `save` wrote."""
+        self.load_distributed(Path(directory) / CHECKPOINT_DIR)
 
     @in_cpu_mode
     def save_distributed(self, directory: str | Path) -> None:
         """Collective: every rank writes its shards of model and optimizer, and its RNG streams."""
-        from .checkpoint import save_trainer_state
-
         with self._resident():
-            save_trainer_state(self, Path(directory))
+            checkpoint.save_trainer_state(self._train_state(), Path(directory))
 
     @in_cpu_mode
     def load_distributed(self, directory: str | Path) -> None:
         """Collective: restore what save_distributed wrote; the next train_step is identical."""
-        from .checkpoint import load_trainer_state
-
         with self._resident():
-            load_trainer_state(self, Path(directory))
+            checkpoint.load_trainer_state(self._train_state(), Path(directory))
+
+    def _train_state(self) -> checkpoint.TrainState:
+        return checkpoint.TrainState(self.model, self.optimizer, self.schedule, cpu=self.cpu)
 
     @contextlib.contextmanager
     def _resident(self):
         """Everything back on the device for the duration, then released again as it was."""
         released, weights_kept = self._released, not self._weights_offloaded
-        self.resume_memory()
+        self.restore()
         try:
             yield
         finally:
             if released:
-                self.release_memory(keep_weights=weights_kept)
+                self.release(keep_weights=weights_kept)
 
     # -- colocated placement --------------------------------------------------------------
 
-    def release_memory(self, *, keep_weights: bool = False) -> None:
+    def release(self, *, keep_weights: bool = False) -> None:
         """Give the GPU back: gradient buffers freed, the weights buffer (unless `keep_weights`)
         and the reference model copied to pinned host memory, the distributed optimizer's
         fp32 shards and moments moved to the host, the CUDA cache emptied. megatron-core's
         buffer offload keeps every parameter a view of its buffer, so nothing is re-wired on
-        resume. On CPU only the gradients go. Forward passes raise until `resume_memory`."""
+        resume. On CPU only the gradients go. Forward passes raise until `restore`."""
         if not self._released:  # released already (the weights kept): the gradient buffers are gone
             self._zero_grad()
         if not self.cpu:
@@ -314,7 +315,7 @@ class MegatronBackend:
             torch.cuda.empty_cache()
         self._released = True
 
-    def resume_memory(self) -> None:
+    def restore(self) -> None:
         if not self._released:
             return
         if not self.cpu:
@@ -330,7 +331,7 @@ class MegatronBackend:
 
     @contextlib.contextmanager
     def _weights_resident(self):
-        """The weights on the GPU for the duration (they were offloaded by release_memory)."""
+        """The weights on the GPU for the duration (they were offloaded by release)."""
         if self.cpu or not self._weights_offloaded:
             yield
             return
@@ -346,9 +347,6 @@ class MegatronBackend:
     def _ddp_buffers(self) -> list:
         return list(self.train_module.buffers) + list(getattr(self.train_module, "expert_parallel_buffers", []))
 
-    @property
-    def memory_released(self) -> bool:
-        return self._released
 
     # -- building -------------------------------------------------------------------------
 
@@ -367,36 +365,6 @@ class MegatronBackend:
         from megatron.core.transformer.module import Float16Module
 
         return Float16Module(self.tconfig, model)
-
-    def _gpu_ddp_and_optimizer(self, module: torch.nn.Module):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        ddp = DistributedDataParallel(
-            config=self.tconfig,
-            ddp_config=DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True,
-                check_for_nan_in_grad=False,
-            ),
-            module=module,
-        )
-        self.tconfig.finalize_model_grads_func = finalize_model_grads
-        self.tconfig.no_sync_func = ddp.no_sync
-        opt = self.config.optimizer
-        fields = dict(
-            optimizer="adam", lr=opt.lr, min_lr=opt.min_lr, weight_decay=opt.weight_decay,
-            adam_beta1=opt.beta1, adam_beta2=opt.beta2, adam_eps=opt.eps,
-            clip_grad=opt.clip_grad if opt.clip_grad > 0 else _NO_CLIP,
-            bf16=self.dtype == torch.bfloat16, fp16=self.dtype == torch.float16, params_dtype=self.dtype,
-            use_distributed_optimizer=True,
-        )
-        fields.update(self._optim_over)
-        optimizer = get_megatron_optimizer(OptimizerConfig(**fields), [ddp])
-        # Megatron's own scheduler applies wd_mult (0 for biases and norms); rlkube's LRSchedule
-        # only sets lr, so the per-group weight decay is fixed here once.
-        for group in optimizer.param_groups:
-            group["weight_decay"] = opt.weight_decay * group.get("wd_mult", 1.0)
-        return ddp, optimizer
 
     # -- one schedule run -----------------------------------------------------------------
 
@@ -447,27 +415,8 @@ class MegatronBackend:
             self._positions = None
 
     def _micro_batch(self, batch: TrainBatch, group: list[int], index: list[int], *, weight: float = 1.0) -> dict[str, Any]:
-        """One micro-batch as model inputs: right-padded rows (length rounded up to a multiple
-        of the tensor-parallel size for sequence parallelism), the causal mask, and where each
-        sample's response logits and targets are."""
-        mb = batch.select(group)
-        rows = pad_rows(mb.tokens)
-        rows_idx, cols_idx = rows.response_index(mb.response_lengths)
-        length = rows.input_ids.shape[1]
-        padded = -(-length // self.tp_size) * self.tp_size if self.sizes.sequence_parallel else length
-        ids = torch.nn.functional.pad(rows.input_ids, (0, padded - length))
-        return {
-            "input_ids": ids.to(self.device),
-            "position_ids": torch.arange(padded).expand_as(ids).to(self.device),
-            "attention_mask": torch.triu(torch.ones(padded, padded, dtype=torch.bool), 1)[None, None].to(self.device),
-            "rows": rows_idx.to(self.device),
-            "cols": cols_idx.to(self.device),
-            "targets": rows.input_ids[rows_idx, cols_idx + 1].to(self.device),
-            "response_lengths": list(mb.response_lengths),
-            "index": index,
-            "batch": mb,
-            "weight": weight,
-        }
+        pad_to = self.tp_size if self.sizes.sequence_parallel else 1
+        return model_inputs(batch.select(group), index, pad_to=pad_to, device=self.device, weight=weight)
 
     def _only_response_positions(self, module, args, kwargs):
         """Forward pre-hook of the LM head: while a micro-batch runs, hand it the hidden states
@@ -512,25 +461,11 @@ class MegatronBackend:
             z, mb["targets"], t, entropy_grad=loss_cfg.entropy_coef != 0, compiled=self._compiled
         )
         logp, ent = list(logp.split(split)), list(ent.split(split))
-        b: TrainBatch = mb["batch"]
-        loss, metrics = policy_objective(
-            log_probs=logp,
-            old_log_probs=self._to_device(b.old_log_probs),
-            advantages=self._to_device(b.advantages),
-            loss_masks=self._to_device(b.loss_masks),
-            entropy=ent,
-            ref_log_probs=self._to_device(b.ref_log_probs),
-            rollout_log_probs=self._to_device(b.rollout_log_probs),
-            global_num_samples=counts[0],
-            global_num_tokens=counts[1],
-            config=loss_cfg,
-        )
+        loss, metrics = self.micro_batch_loss(mb["batch"], logp, ent, num_samples=counts[0], num_tokens=counts[1])
         weight = mb["weight"]
         # The schedule divides by the micro-batch count; DDP (GPU) averages over data-parallel ranks.
         scale = num_micro * (1 if self.cpu else self.dp_size) * weight
         return loss * scale, {k: float(v) * weight for k, v in metrics.items()}
-
-    # -- gradients on the CPU path ---------------------------------------------------------
 
     def _zero_grad(self) -> None:
         if self.cpu:
@@ -539,80 +474,8 @@ class MegatronBackend:
             self.train_module.zero_grad_buffer()
             self.optimizer.zero_grad()
 
-    def _cpu_reduce_grads(self) -> None:
-        """What megatron's finalize_model_grads does on GPU: sum gradients over data-parallel
-        ranks, over tensor-parallel ranks for sequence-parallel and q/k norms, and between the
-        first and last pipeline stage for tied embeddings."""
-        from megatron.core import parallel_state as ps
-
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if self.dp_size > 1:
-            for p in params:
-                dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
-        if self.tp_size > 1:
-            # Norm weights whose inputs are split over tensor-parallel ranks (the sequence with
-            # sequence parallelism; the heads for q/k norms) get a partial gradient on each rank.
-            tp_group = ps.get_tensor_model_parallel_group()
-            for name, p in self.model.named_parameters():
-                if not p.requires_grad:
-                    continue
-                if getattr(p, "average_gradients_across_tp_domain", False):
-                    dist.all_reduce(p.grad, group=tp_group)
-                    p.grad.div_(self.tp_size)
-                elif (self.sizes.sequence_parallel and getattr(p, "sequence_parallel", False)) or (
-                    self.arch.qk_norm and ("q_layernorm" in name or "k_layernorm" in name)
-                ):
-                    dist.all_reduce(p.grad, group=tp_group)
-        if self.pp_size > 1 and self.arch.tie_word_embeddings:
-            shared = self.model.shared_embedding_or_output_weight()
-            if shared is not None:
-                dist.all_reduce(shared.grad, group=ps.get_embedding_group())
-
-    def _gpu_grads_finite(self) -> bool:
-        """Whether every rank's gradient buffers are finite (one reduction per buffer, one all-reduce)."""
-        bad = torch.zeros((), dtype=torch.float32, device=self.device)
-        for buffer in self._ddp_buffers():
-            if buffer.grad_data is not None and buffer.grad_data.numel():
-                bad = torch.maximum(bad, (~torch.isfinite(buffer.grad_data)).any().float())
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        return not bool(bad.item())
-
-    def _cpu_clip_and_step(self) -> float:
-        from megatron.core import parallel_state as ps
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-        from megatron.core.transformer.module import param_is_not_shared
-
-        squares = torch.zeros((), dtype=torch.float64)
-        params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
-        for p in params:
-            if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p):
-                squares += p.grad.double().pow(2).sum()
-        dist.all_reduce(squares, group=ps.get_model_parallel_group())
-        norm = float(squares.sqrt())
-        clip = self.config.optimizer.clip_grad
-        if clip > 0 and math.isfinite(norm) and norm > clip:
-            for p in params:
-                p.grad.mul_(clip / (norm + 1e-6))
-        if math.isfinite(norm):
-            self.optimizer.step()
-        else:
-            log.warning("gradient norm is %s; skipping this optimizer step", norm)
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
-
     # -- helpers --------------------------------------------------------------------------
 
-    def _plan(self, batch: TrainBatch) -> list[list[int]]:
-        b = self.config.batching
-        return plan_micro_batches(
-            batch.total_lengths,
-            dynamic_batch_size=b.dynamic_batch_size,
-            max_tokens_per_gpu=b.max_tokens_per_gpu,
-            micro_batch_size=b.micro_batch_size,
-        )
 
     @property
     def _reports(self) -> bool:
@@ -628,129 +491,3 @@ class MegatronBackend:
         parts = [torch.empty_like(tensor) for _ in range(self.tp_size)]
         dist.all_gather(parts, tensor.contiguous(), group=ps.get_tensor_model_parallel_group())
         return convert.tp_merge(name, parts)
-
-    @staticmethod
-    def _layer_offset(model: torch.nn.Module) -> int:
-        layers = model.decoder.layers
-        return layers[0].layer_number - 1 if len(layers) else 0
-
-    def _to_device(self, tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
-        return None if tensors is None else [t.to(self.device, non_blocking=True) for t in tensors]
-
-    def _check_resident(self, what: str) -> None:
-        if self._released:
-            raise RuntimeError(f"{what} called while the trainer's memory is released; call resume_memory() first")
-
-
-def load_hf_into(model: torch.nn.Module, hf_dir: str | Path, arch: HFArchitecture, *, tp_rank: int, tp_size: int) -> None:
-    """Copy this tensor/pipeline rank's share of the HF checkpoint in `hf_dir` into `model`."""
-    offset = MegatronBackend._layer_offset(model)
-    hf = read_hf_tensors(hf_dir)
-    full = convert.hf_to_megatron(hf, arch)
-    with torch.no_grad():
-        for name, param in _named_weights(model):
-            key = convert.to_global_layer(name, offset)
-            if key == "output_layer.weight" and arch.tie_word_embeddings:
-                key = "embedding.word_embeddings.weight"  # the last stage's copy of the embeddings
-            if key not in full:
-                raise KeyError(f"no HF tensor converts to megatron parameter {key!r}")
-            part = convert.tp_split(key, full[key], tp_rank, tp_size)
-            if tuple(part.shape) != tuple(param.shape):
-                raise ValueError(f"{key}: converted shape {tuple(part.shape)} != model shape {tuple(param.shape)}")
-            param.copy_(part)
-            _mark_tensor_parallel(param, convert.tp_partition_dim(key))
-
-
-def _mark_tensor_parallel(param: torch.Tensor, dim: int | None) -> None:
-    """The attributes megatron-core's grad-norm and optimizer read to tell shards from copies.
-    Its layers set them only while initialising weights, which loading replaces
-    (perform_initialization=False)."""
-    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
-
-    if dim is not None and not getattr(param, "tensor_model_parallel", False):
-        for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
-            if hasattr(param, attr):
-                delattr(param, attr)
-        set_tensor_model_parallel_attributes(param, True, dim, 1)
-
-
-def write_hf_directory(weights: dict[str, torch.Tensor], directory: str | Path, source: str, *,
-                       trust_remote_code: bool, tied: bool) -> Path:
-    """config.json (and generation config), model.safetensors and the tokenizer of `source`."""
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoTokenizer
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).save_pretrained(directory)
-    generation = Path(source) / "generation_config.json"
-    if generation.is_file():
-        (directory / "generation_config.json").write_bytes(generation.read_bytes())
-    tensors = {k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    try:
-        AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code).save_pretrained(directory)
-    except (OSError, ValueError) as err:
-        raise RuntimeError(f"could not copy the tokenizer of {source!r} into {directory}: {err}") from err
-    return directory
-
-
-def _named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Parameters of a GPTModel stage by state-dict name (no `_extra_state`, no buffers)."""
-    return [(k, v) for k, v in model.state_dict(keep_vars=True).items()
-            if not k.endswith("_extra_state") and isinstance(v, torch.Tensor) and "rotary_pos_emb" not in k]
-
-
-def _all_gather_stages(mine: dict[str, torch.Tensor], group, device: torch.device) -> dict[str, torch.Tensor]:
-    """Every pipeline stage's tensors on every stage: names and shapes as objects, the tensors
-    broadcast from their stage on the training device."""
-    ranks = dist.get_process_group_ranks(group)
-    merged: dict[str, torch.Tensor] = {}
-    for src in ranks:
-        meta = [[(k, tuple(v.shape), str(v.dtype)) for k, v in mine.items()] if dist.get_rank() == src else None]
-        dist.broadcast_object_list(meta, src=src, group=group)
-        for name, shape, _ in meta[0]:
-            if dist.get_rank() == src:
-                buf = mine[name].to(device)
-            else:
-                buf = torch.empty(shape, dtype=torch.float32, device=device)
-            dist.broadcast(buf, src=src, group=group)
-            merged[name] = buf.cpu()
-    return merged
-
-
-def _init_parallel_state(sizes: ParallelSizes, *, cpu: bool) -> None:
-    """torch.distributed (a private one-rank group when not initialised) and megatron's
-    tensor/pipeline/data groups; re-made when an earlier backend in this process used other sizes."""
-    from megatron.core import parallel_state as ps
-
-    if not dist.is_initialized():
-        dist.init_process_group("gloo" if cpu else "nccl", store=dist.HashStore(), rank=0, world_size=1)
-    world = dist.get_world_size()
-    if world % (sizes.tensor * sizes.pipeline * sizes.context):
-        raise ValueError(
-            f"spec.parallelism: tensor x pipeline x context = {sizes.tensor * sizes.pipeline * sizes.context} "
-            f"does not divide the {world} trainer ranks"
-        )
-    if ps.model_parallel_is_initialized():
-        same = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) == (
-            sizes.tensor, sizes.pipeline)
-        if same:
-            return
-        ps.destroy_model_parallel()
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=sizes.tensor,
-        pipeline_model_parallel_size=sizes.pipeline,
-        context_parallel_size=sizes.context,
-    )
-
-
-def _seed_model_parallel(seed: int, *, cpu: bool) -> None:
-    if cpu:
-        from .cpu import seed_cpu_rng_tracker
-
-        seed_cpu_rng_tracker(seed)
-    else:
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-        model_parallel_cuda_manual_seed(seed)

@@ -18,27 +18,34 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from ..rng import capture_rng_state, restore_rng_state
 
-if TYPE_CHECKING:
-    from .backend import MegatronBackend
-
 _DISTRIB_OPTIM = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
-def save_trainer_state(backend: MegatronBackend, directory: Path) -> None:
-    """Collective: write `backend`'s model, optimizer, schedule and every rank's RNG into `directory`."""
+class TrainState(NamedTuple):
+    """What a checkpoint holds of a megatron trainer rank: its GPTModel stage, its optimizer
+    (megatron's distributed optimizer on GPU, torch AdamW on CPU: `cpu`) and the lr schedule."""
+
+    model: torch.nn.Module
+    optimizer: Any
+    schedule: Any
+    cpu: bool
+
+
+def save_trainer_state(parts: TrainState, directory: Path) -> None:
+    """Collective: write the rank's model, optimizer, schedule and every rank's RNG into `directory`."""
     from megatron.core import dist_checkpointing
 
     if dist.get_rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)  # empty: megatron warns about anything already there
     dist.barrier()
-    state = _sharded_state(backend, is_loading=False)
+    state = _sharded_state(parts, is_loading=False)
     dist_checkpointing.save(state, str(directory))
     (directory / "rng").mkdir(exist_ok=True)
     with open(directory / "rng" / f"rank_{dist.get_rank()}.pt", "wb") as f:
@@ -48,20 +55,20 @@ def save_trainer_state(backend: MegatronBackend, directory: Path) -> None:
     dist.barrier()
 
 
-def load_trainer_state(backend: MegatronBackend, directory: Path) -> None:
+def load_trainer_state(parts: TrainState, directory: Path) -> None:
     """Collective: restore what `save_trainer_state` wrote."""
     from megatron.core import dist_checkpointing
 
     if not (directory / "metadata.json").is_file():
         raise FileNotFoundError(f"{directory} is not a megatron distributed checkpoint (no metadata.json)")
-    state = _sharded_state(backend, is_loading=True)
+    state = _sharded_state(parts, is_loading=True)
     loaded = dist_checkpointing.load(state, str(directory))
-    load_model_state(backend.model, loaded["model"], directory)
-    if backend.cpu:
-        _load_torch_optimizer(backend, loaded["optimizer"])
+    load_model_state(parts.model, loaded["model"], directory)
+    if parts.cpu:
+        _load_torch_optimizer(parts, loaded["optimizer"])
     else:
-        backend.optimizer.load_state_dict(loaded["optimizer"])
-    backend.schedule.load_state_dict(loaded["scheduler"])
+        parts.optimizer.load_state_dict(loaded["optimizer"])
+    parts.schedule.load_state_dict(loaded["scheduler"])
     rng_file = directory / "rng" / f"rank_{dist.get_rank()}.pt"
     if rng_file.is_file():
         _restore_rng(torch.load(rng_file, map_location="cpu", weights_only=True))
@@ -76,21 +83,21 @@ def load_model_state(model: torch.nn.Module, state: dict, directory: Path) -> No
         raise KeyError(f"{directory} lacks model tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def _sharded_state(backend: MegatronBackend, *, is_loading: bool) -> dict:
-    model_state = backend.model.sharded_state_dict(prefix="")
-    if backend.cpu:
-        optim_state = _torch_optimizer_sharded(backend, model_state, is_loading=is_loading)
+def _sharded_state(parts: TrainState, *, is_loading: bool) -> dict:
+    model_state = parts.model.sharded_state_dict(prefix="")
+    if parts.cpu:
+        optim_state = _torch_optimizer_sharded(parts, model_state, is_loading=is_loading)
     else:
         if is_loading:
             # Without apex or TransformerEngine the distributed optimizer reads Adam's step from
             # torch's state, which a trainer resuming before its first step does not have yet.
-            for inner in getattr(backend.optimizer, "chained_optimizers", [backend.optimizer]):
+            for inner in getattr(parts.optimizer, "chained_optimizers", [parts.optimizer]):
                 _zero_adam_state(inner.optimizer)
-        optim_state = backend.optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=_DISTRIB_OPTIM)
-    return {"model": model_state, "optimizer": optim_state, "scheduler": backend.schedule.state_dict()}
+        optim_state = parts.optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=_DISTRIB_OPTIM)
+    return {"model": model_state, "optimizer": optim_state, "scheduler": parts.schedule.state_dict()}
 
 
-def _torch_optimizer_sharded(backend: MegatronBackend, model_state: dict, *, is_loading: bool) -> dict:
+def _torch_optimizer_sharded(parts: TrainState, model_state: dict, *, is_loading: bool) -> dict:
     """torch AdamW's state as sharded tensors that follow the parameters' sharding (what
     megatron's FP32Optimizer does); its common step is kept as a plain value."""
     from megatron.core.dist_checkpointing.optimizer import (
@@ -98,7 +105,7 @@ def _torch_optimizer_sharded(backend: MegatronBackend, model_state: dict, *, is_
         optim_state_to_sharding_state,
     )
 
-    optimizer = backend.optimizer
+    optimizer = parts.optimizer
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if is_loading:
         _zero_adam_state(optimizer)
@@ -122,11 +129,11 @@ def _zero_adam_state(optimizer: torch.optim.Optimizer) -> None:
                                       "exp_avg_sq": torch.zeros_like(p)}
 
 
-def _load_torch_optimizer(backend: MegatronBackend, loaded: dict) -> None:
+def _load_torch_optimizer(parts: TrainState, loaded: dict) -> None:
     step = loaded.pop("common_step")
     for param_state in loaded["state"].values():
         param_state["step"] = torch.tensor(float(step))
-    backend.optimizer.load_state_dict(loaded)
+    parts.optimizer.load_state_dict(loaded)
 
 
 def _rng_state() -> dict:

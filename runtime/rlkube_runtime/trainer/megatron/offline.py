@@ -65,21 +65,22 @@ def _megatron_to_hf(checkpoint: str | Path, hf_config_dir: str | Path, out_dir: 
 
     from . import convert
     from .checkpoint import load_model_state
-    from .backend import _init_parallel_state, _named_weights, _seed_model_parallel, write_hf_directory
+    from .parallel import init_parallel_state, seed_model_parallel
+    from .weights import named_weights, write_hf_directory
     from .model import ParallelSizes, build_gpt_model, hf_architecture, transformer_config
 
     source = find_distributed_checkpoint(Path(checkpoint))
     arch = hf_architecture(AutoConfig.from_pretrained(hf_config_dir))
     created = not dist.is_initialized()
     sizes = ParallelSizes()
-    _init_parallel_state(sizes, cpu=True)
+    init_parallel_state(sizes, cpu=True)
     try:
-        _seed_model_parallel(0, cpu=True)
+        seed_model_parallel(0, cpu=True)
         config = transformer_config(arch, sizes, dtype=torch.float32, cpu=True)
         model = build_gpt_model(config, arch, pre_process=True, post_process=True)
         loaded = dist_checkpointing.load({"model": model.sharded_state_dict(prefix="")}, str(source))
         load_model_state(model, loaded["model"], source)
-        full = {name: t.detach().float() for name, t in _named_weights(model)
+        full = {name: t.detach().float() for name, t in named_weights(model)
                 if not (name == "output_layer.weight" and arch.tie_word_embeddings)}
         weights = convert.megatron_to_hf(full, arch)
         return write_hf_directory(weights, out_dir, str(hf_config_dir), trust_remote_code=False,
@@ -125,7 +126,8 @@ def _save_shard_on_cpu(rank: int, world: int, store_path: str, hf_dir: Path, out
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
 
-    from .backend import _init_parallel_state, _seed_model_parallel, load_hf_into
+    from .parallel import init_parallel_state, seed_model_parallel
+    from .weights import load_hf_into
     from .model import ParallelSizes, build_gpt_model, hf_architecture, transformer_config
 
     torch.set_num_threads(1)
@@ -133,8 +135,8 @@ def _save_shard_on_cpu(rank: int, world: int, store_path: str, hf_dir: Path, out
     try:
         sizes = ParallelSizes(tensor=tensor, pipeline=pipeline)
         arch = hf_architecture(AutoConfig.from_pretrained(hf_dir))
-        _init_parallel_state(sizes, cpu=True)
-        _seed_model_parallel(0, cpu=True)
+        init_parallel_state(sizes, cpu=True)
+        seed_model_parallel(0, cpu=True)
         config = transformer_config(arch, sizes, dtype=torch.float32, cpu=True)
         model = build_gpt_model(config, arch, pre_process=ps.is_pipeline_first_stage(),
                                 post_process=ps.is_pipeline_last_stage())

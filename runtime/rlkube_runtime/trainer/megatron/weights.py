@@ -1,4 +1,6 @@
-"""Reading an HF checkpoint's tensors (safetensors, sharded or not) without building the model."""
+"""HF files and a megatron model: reading an HF checkpoint's tensors (safetensors, sharded or not)
+without building the model, loading a rank's share of them into its GPTModel stage, and writing
+an HF directory from HF-named tensors."""
 
 from __future__ import annotations
 
@@ -6,6 +8,9 @@ import json
 from pathlib import Path
 
 import torch
+
+from . import convert
+from .model import HFArchitecture
 
 
 def read_hf_tensors(hf_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -24,3 +29,68 @@ def read_hf_tensors(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     for name in files:
         tensors.update(load_file(str(hf_dir / name)))
     return tensors
+
+
+def load_hf_into(model: torch.nn.Module, hf_dir: str | Path, arch: HFArchitecture, *, tp_rank: int, tp_size: int) -> None:
+    """Copy this tensor/pipeline rank's share of the HF checkpoint in `hf_dir` into `model`."""
+    offset = layer_offset(model)
+    hf = read_hf_tensors(hf_dir)
+    full = convert.hf_to_megatron(hf, arch)
+    with torch.no_grad():
+        for name, param in named_weights(model):
+            key = convert.to_global_layer(name, offset)
+            if key == "output_layer.weight" and arch.tie_word_embeddings:
+                key = "embedding.word_embeddings.weight"  # the last stage's copy of the embeddings
+            if key not in full:
+                raise KeyError(f"no HF tensor converts to megatron parameter {key!r}")
+            part = convert.tp_split(key, full[key], tp_rank, tp_size)
+            if tuple(part.shape) != tuple(param.shape):
+                raise ValueError(f"{key}: converted shape {tuple(part.shape)} != model shape {tuple(param.shape)}")
+            param.copy_(part)
+            _mark_tensor_parallel(param, convert.tp_partition_dim(key))
+
+
+def _mark_tensor_parallel(param: torch.Tensor, dim: int | None) -> None:
+    """The attributes megatron-core's grad-norm and optimizer read to tell shards from copies.
+    Its layers set them only while initialising weights, which loading replaces
+    (perform_initialization=False)."""
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+    if dim is not None and not getattr(param, "tensor_model_parallel", False):
+        for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
+            if hasattr(param, attr):
+                delattr(param, attr)
+        set_tensor_model_parallel_attributes(param, True, dim, 1)
+
+
+def write_hf_directory(weights: dict[str, torch.Tensor], directory: str | Path, source: str, *,
+                       trust_remote_code: bool, tied: bool) -> Path:
+    """config.json (and generation config), model.safetensors and the tokenizer of `source`."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).save_pretrained(directory)
+    generation = Path(source) / "generation_config.json"
+    if generation.is_file():
+        (directory / "generation_config.json").write_bytes(generation.read_bytes())
+    tensors = {k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    try:
+        AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code).save_pretrained(directory)
+    except (OSError, ValueError) as err:
+        raise RuntimeError(f"could not copy the tokenizer of {source!r} into {directory}: {err}") from err
+    return directory
+
+
+def named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters of a GPTModel stage by state-dict name (no `_extra_state`, no buffers)."""
+    return [(k, v) for k, v in model.state_dict(keep_vars=True).items()
+            if not k.endswith("_extra_state") and isinstance(v, torch.Tensor) and "rotary_pos_emb" not in k]
+
+
+def layer_offset(model: torch.nn.Module) -> int:
+    """The global index of this pipeline stage's first decoder layer."""
+    layers = model.decoder.layers
+    return layers[0].layer_number - 1 if len(layers) else 0
