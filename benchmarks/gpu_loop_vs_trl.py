@@ -310,10 +310,11 @@ def _rljob(args: argparse.Namespace, key: str, build: dict, prompts: Path) -> di
                 "seed": args.seed,
             },
             # No periodic checkpoints; the driver still writes one after the last rollout.
+            # Colocated engines run on the trainer's GPU: the spec refuses rollout GPUs there.
             "resources": {
                 "placement": key,
                 "trainer": {"nodes": 1, "gpusPerNode": 1},
-                "rollout": {"gpus": 1},
+                **({"rollout": {"gpus": 1}} if key == "separate" else {}),
             },
         },
     }
