@@ -35,6 +35,7 @@ from rlkube_runtime.spec.contract import (  # what the runtime inside the pods e
     ENV_METRICS_PORT,
     ENV_RLJOB_NAME,
     ENV_RLJOB_NAMESPACE,
+    IMAGE_UID,
     MAX_NAME_LENGTH,
     METRICS_PORT,
     METRICS_PORT_NAME,
@@ -542,6 +543,9 @@ def _pod_spec(
         "volumes": volumes,
         # On SIGTERM the runtime saves a checkpoint of everything trained before it exits.
         "terminationGracePeriodSeconds": spec.fault_tolerance.termination_grace_period_seconds,
+        # The images run as IMAGE_UID: mounted volumes get its group (once, while their root's
+        # group differs: no recursive walk of a large checkpoint volume at every start).
+        "securityContext": {"fsGroup": IMAGE_UID, "fsGroupChangePolicy": "OnRootMismatch"},
         **_job_pod_settings(spec),
     }
     if node_selector:

@@ -179,7 +179,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """
 
 
-def ctr(*args: str, input: bytes | None = None, check: bool = True, timeout: float = 600,
+def ctr(*args: str, input: bytes | None = None, check: bool = True, timeout: float | None = 600,
         stdin=None) -> subprocess.CompletedProcess[bytes]:
     """containerd's own client on the node's socket, in the CRI namespace."""
     proc = subprocess.run(
@@ -250,7 +250,9 @@ def load_buildah_image(source: str, name: str) -> bool:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        imported = ctr("images", "import", "-", stdin=push.stdout, check=False)
+        # No time limit: an 8 GB image takes minutes (three checksum passes, two writes) and more on a
+        # machine whose cores are busy; buildah push ending the stream ends the import.
+        imported = ctr("images", "import", "-", stdin=push.stdout, check=False, timeout=None)
     finally:
         assert push.stdout is not None
         push.stdout.close()

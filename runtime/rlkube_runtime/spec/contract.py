@@ -35,6 +35,11 @@ PREEMPTED_EXIT_CODE = 143
 METRICS_PORT = 9464
 METRICS_PORT_NAME = "rlkube-metrics"
 
+# The user every rlkube image runs as (USER in Dockerfile.trainer, Dockerfile.rollout and
+# images/operator.Dockerfile, with a passwd entry `rlkube`). The Ray pods get it as fsGroup, so
+# volumes a job mounts (a checkpoint claim whose filesystem root belongs to root) are writable.
+IMAGE_UID = 65532
+
 # The RLJob's spec, as a file from its ConfigMap, and the command that runs it on the head pod.
 SPEC_MOUNT_DIR = "/etc/rlkube"
 SPEC_FILE = "rljob.yaml"

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from operator_testutil import default_settings, make_body
 from rlkube_operator import render
+from rlkube_runtime.spec.contract import IMAGE_UID
 from rlkube_runtime.spec.load import parse_rljob
 from rlkube_runtime.spec.resources import RESERVED_LABEL_PREFIXES, RESERVED_LABELS
 
@@ -427,3 +428,13 @@ def test_every_pod_gets_the_grace_period_the_runtime_needs_to_checkpoint_on_sigt
 
     assert grace_periods(_render({})[1]) == {600}
     assert grace_periods(_render({"faultTolerance": {"terminationGracePeriodSeconds": 1800}})[1]) == {1800}
+
+
+def test_every_ray_pod_gives_its_volumes_the_images_group():
+    # The images run as IMAGE_UID (not root): without fsGroup a claim whose root belongs to root
+    # would refuse its checkpoints.
+    cluster = _render({})[1]["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    assert [pod["spec"]["securityContext"] for pod in pods] == [
+        {"fsGroup": IMAGE_UID, "fsGroupChangePolicy": "OnRootMismatch"}
+    ] * len(pods)
