@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import ipaddress
 import json
 import os
@@ -31,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -80,6 +82,11 @@ CLUSTER_DOMAIN = "cluster.local"
 CLUSTER_DNS = str(ipaddress.ip_network(SERVICE_CIDR)[10])  # 10.0.0.10, as kubeadm picks it
 STORAGE_CLASS = "rlkube-local"
 PROVISIONER = "rlkube.local/hostpath"
+
+# buildah pushes here on its way into containerd (load_buildah_image): an OCI layout whose layer
+# blobs are sparse placeholders of what containerd already holds.
+OCI_LAYOUT = ROOT / "oci-layout"
+OCI_REF_NAME = "org.opencontainers.image.ref.name"
 
 # Label on an image loaded from buildah: the buildah image id it was loaded from, so that loading
 # the same image again can be skipped.
@@ -215,18 +222,24 @@ def containerd_serving() -> bool:
 
 def loaded_images() -> dict[str, dict[str, str]]:
     """containerd's images in the CRI namespace: name -> labels."""
+    return {name: labels for name, (_, _, labels) in _image_records().items()}
+
+
+def _image_records() -> dict[str, tuple[str, str, dict[str, str]]]:
+    """name -> (media type, digest, labels) of each image in the CRI namespace."""
     out = ctr("images", "ls").stdout.decode()
     images = {}
     for line in out.splitlines()[1:]:
+        # REF TYPE DIGEST SIZE(two words) PLATFORMS LABELS
         fields = line.split()
-        if not fields:
+        if len(fields) < 3:
             continue
         labels = {}
         if fields[-1] != "-" and "=" in fields[-1]:
             for item in fields[-1].split(","):
                 k, _, v = item.partition("=")
                 labels[k] = v
-        images[fields[0]] = labels
+        images[fields[0]] = (fields[1], fields[2], labels)
     return images
 
 
@@ -238,33 +251,92 @@ def load_buildah_image(source: str, name: str) -> bool:
     """Copy a buildah image into containerd's CRI namespace as ``name`` (e.g.
     ``docker.io/rlkube/operator:0.1.0``, what CRI makes of ``rlkube/operator:0.1.0``), unless
     containerd already holds this very image (same buildah image id). containerd must be serving.
-    Returns whether it copied. The archive streams through a pipe: it never lands on disk."""
+    Returns whether it copied.
+
+    Only the layers containerd does not have travel, and buildah does not even read the others:
+    it pushes into an OCI layout (OCI_LAYOUT) where every blob containerd holds is already present
+    as a sparse placeholder of its size (no disk), which buildah takes for the blob and skips; the
+    blobs it does write are streamed into ``ctr images import`` (an OCI archive that names only
+    them; containerd finds the rest in its content store) and become placeholders in turn. After a
+    code change only the image's last layers are read, sent and unpacked."""
     image_id = subprocess.run(
         ["buildah", "inspect", "--type=image", "--format={{.FromImageID}}", source],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     if loaded_images().get(name, {}).get(IMAGE_ID_LABEL) == image_id:
         return False
-    push = subprocess.Popen(
-        ["buildah", "push", "--quiet", source, f"docker-archive:/dev/stdout:{name}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    try:
-        # No time limit: an 8 GB image takes minutes (three checksum passes, two writes) and more on a
-        # machine whose cores are busy; buildah push ending the stream ends the import.
-        imported = ctr("images", "import", "-", stdin=push.stdout, check=False, timeout=None)
-    finally:
-        assert push.stdout is not None
-        push.stdout.close()
-        push_err = push.stderr.read().decode(errors="replace") if push.stderr else ""
-        push.wait()
-    if push.returncode != 0 or imported.returncode != 0:
-        raise NodeError(
-            f"loading {source} as {name} failed: buildah push exited {push.returncode} ({push_err.strip()}), "
-            f"ctr import exited {imported.returncode} ({imported.stderr.decode(errors='replace').strip()})"
-        )
-    ctr("images", "label", name, f"{IMAGE_ID_LABEL}={image_id}")
+    OCI_LAYOUT.mkdir(parents=True, exist_ok=True)
+    with open(OCI_LAYOUT / ".lock", "w") as lock:  # one load at a time uses the layout
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _load_through_layout(source, name, image_id)
     return True
+
+
+def _load_through_layout(source: str, name: str, image_id: str) -> None:
+    in_containerd = set(ctr("content", "ls", "--quiet").stdout.decode().split())
+    blobs = OCI_LAYOUT / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    # The layout claims exactly the layers containerd holds: none it lacks (its garbage collector may
+    # have removed one, or an earlier load stopped half-way; buildah writes those again), and every
+    # layer of its images (a placeholder of the size their manifests give).
+    for blob in blobs.iterdir():
+        if f"sha256:{blob.name}" not in in_containerd:
+            blob.unlink()
+    for media_type, digest, _ in _image_records().values():
+        if not media_type.endswith("manifest.v1+json") and not media_type.endswith("manifest.v2+json"):
+            continue  # an index (not what buildah makes); its images load the slow way
+        manifest = json.loads(ctr("content", "get", digest).stdout)
+        for layer in manifest["layers"]:
+            path = blobs / layer["digest"].split(":")[1]
+            if layer["digest"] in in_containerd and not path.exists():
+                path.touch()
+                os.truncate(path, layer["size"])
+    subprocess.run(["buildah", "push", "--quiet", "--disable-compression", source, f"oci:{OCI_LAYOUT}:{name}"],
+                   capture_output=True, text=True, check=True)
+    index = json.loads((OCI_LAYOUT / "index.json").read_text())
+    [entry] = [m for m in index["manifests"] if m.get("annotations", {}).get(OCI_REF_NAME) == name]
+    manifest = json.loads((blobs / entry["digest"].split(":")[1]).read_bytes())
+    missing = [d for d in (entry, manifest["config"], *manifest["layers"]) if d["digest"] not in in_containerd]
+    entry = {**entry, "annotations": {**entry.get("annotations", {}), "io.containerd.image.name": name}}
+    with tempfile.TemporaryFile() as output:
+        importer = subprocess.Popen(
+            ["ctr", f"--address={CONTAINERD_SOCKET}", f"--namespace={K8S_NAMESPACE}", "images", "import", "-"],
+            stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT,
+        )
+        assert importer.stdin is not None
+        try:
+            with tarfile.open(fileobj=importer.stdin, mode="w|", copybufsize=4 << 20) as tar:
+                _add_bytes(tar, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
+                _add_bytes(tar, "index.json", json.dumps({"schemaVersion": 2, "manifests": [entry]}).encode())
+                for descriptor in missing:
+                    path = blobs / descriptor["digest"].split(":")[1]
+                    tar.add(path, arcname=f"blobs/sha256/{path.name}")
+                    _make_placeholder(path)
+        except BrokenPipeError:
+            pass  # ctr stopped reading: its exit code and output below say why
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                importer.stdin.close()
+            # No time limit: a first load of an 8 GB image takes minutes, more when the cores are busy.
+            code = importer.wait()
+        output.seek(0)
+        if code != 0:
+            raise NodeError(f"ctr images import of {name} exited {code}: {output.read().decode(errors='replace').strip()}")
+    ctr("images", "label", name, f"{IMAGE_ID_LABEL}={image_id}")
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _make_placeholder(path: Path) -> None:
+    """Replace a layer blob by a sparse file of its size (manifests and configs, small, stay)."""
+    size = path.stat().st_size
+    if size >= 1 << 20:
+        os.truncate(path, 0)
+        os.truncate(path, size)
 
 
 # -------------------------------------------------------------------------------------------- lock

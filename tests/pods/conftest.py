@@ -23,8 +23,8 @@ NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 if str(NODE_DIR) not in sys.path:
     sys.path.insert(0, str(NODE_DIR))
 
-from harness import BUILD_COMMAND, cache_dir, missing_binaries, processes_in_groups  # noqa: E402
-from node import Cluster, containerd_for_loading, cri_name, loaded_images, missing_prerequisites  # noqa: E402
+from node import Cluster, containerd_for_loading, cri_name, loaded_images, missing_prerequisites  # noqa: E402, I001
+from harness import BUILD_COMMAND, cache_dir, missing_binaries, processes_in_groups  # noqa: E402 - node puts it on sys.path
 
 from rlkube_runtime import __version__  # noqa: E402
 
