@@ -323,6 +323,18 @@ def _load_through_layout(source: str, name: str, image_id: str) -> None:
         if code != 0:
             raise NodeError(f"ctr images import of {name} exited {code}: {output.read().decode(errors='replace').strip()}")
     ctr("images", "label", name, f"{IMAGE_ID_LABEL}={image_id}")
+    _remove_orphaned_id_references()
+
+
+def _remove_orphaned_id_references() -> None:
+    """containerd's CRI plugin gives every image it sees a second name, its id (sha256:<config>),
+    and keeps it when the first name moves to a newer image; with kubelet's image GC off nothing
+    removes it, so every replaced image would stay on disk. Such an id no name points at goes."""
+    records = _image_records()
+    named = {digest for name, (_, digest, _) in records.items() if not name.startswith("sha256:")}
+    for name, (_, digest, _) in records.items():
+        if name.startswith("sha256:") and digest not in named:
+            ctr("images", "rm", name, check=False)
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
