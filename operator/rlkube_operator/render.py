@@ -546,6 +546,9 @@ def _pod_spec(
         # The images run as IMAGE_UID: mounted volumes get its group (once, while their root's
         # group differs: no recursive walk of a large checkpoint volume at every start).
         "securityContext": {"fsGroup": IMAGE_UID, "fsGroupChangePolicy": "OnRootMismatch"},
+        # No <SERVICE>_PORT variables from the namespace's Services: a Service named rlkube-metrics
+        # (the chart's, released as "rlkube") would set RLKUBE_METRICS_PORT=tcp://... in the pods.
+        "enableServiceLinks": False,
         **_job_pod_settings(spec),
     }
     if node_selector:

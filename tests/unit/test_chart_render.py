@@ -183,6 +183,8 @@ def test_the_deployment_runs_one_nonroot_operator_with_probes_and_a_metrics_port
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "rlkube"
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # Service links would turn the Service rlkube-metrics into RLKUBE_METRICS_PORT=tcp://... (found on a real node).
+    assert pod["enableServiceLinks"] is False
     (container,) = pod["containers"]
     assert container["image"] == "rlkube/operator:0.1.0" and container["imagePullPolicy"] == "IfNotPresent"
     assert container["command"] + container["args"] == ["rlkube", "operator", "--metrics-port=8080", "--standalone"]

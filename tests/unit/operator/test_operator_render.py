@@ -430,6 +430,14 @@ def test_every_pod_gets_the_grace_period_the_runtime_needs_to_checkpoint_on_sigt
     assert grace_periods(_render({"faultTolerance": {"terminationGracePeriodSeconds": 1800}})[1]) == {1800}
 
 
+def test_no_ray_pod_gets_the_namespaces_services_as_environment():
+    # A Service named rlkube-metrics (the chart's, released as "rlkube") would otherwise set
+    # RLKUBE_METRICS_PORT=tcp://<ip>:8080 in every pod of its namespace.
+    cluster = _render({})[1]["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    assert {pod["spec"]["enableServiceLinks"] for pod in pods} == {False}
+
+
 def test_every_ray_pod_gives_its_volumes_the_images_group():
     # The images run as IMAGE_UID (not root): without fsGroup a claim whose root belongs to root
     # would refuse its checkpoints.
