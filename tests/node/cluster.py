@@ -157,9 +157,12 @@ def load(refs: list[str]) -> int:
     with node.containerd_for_loading():
         for ref in refs:
             t0 = time.monotonic()
-            copied = node.load_buildah_image(node.buildah_name(ref), node.cri_name(ref))
-            verb = "loaded" if copied else "already in containerd:"
-            print(f"[images] {verb} {node.cri_name(ref)} ({time.monotonic() - t0:.1f} s)")
+            sent = node.load_buildah_image(node.buildah_name(ref), node.cri_name(ref))
+            took = time.monotonic() - t0
+            if sent is None:
+                print(f"[images] already in containerd: {node.cri_name(ref)} ({took:.1f} s)")
+            else:
+                print(f"[images] loaded {node.cri_name(ref)}: {sent / 1e6:.0f} MB of new layers in {took:.1f} s")
     return 0
 
 

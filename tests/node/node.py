@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import io
 import ipaddress
 import json
@@ -84,7 +85,7 @@ STORAGE_CLASS = "rlkube-local"
 PROVISIONER = "rlkube.local/hostpath"
 
 # buildah pushes here on its way into containerd (load_buildah_image): an OCI layout whose layer
-# blobs are sparse placeholders of what containerd already holds.
+# blobs are sparse placeholders, named by their uncompressed digests, of what containerd holds.
 OCI_LAYOUT = ROOT / "oci-layout"
 OCI_REF_NAME = "org.opencontainers.image.ref.name"
 
@@ -247,57 +248,100 @@ def import_image_archive(archive: Path) -> None:
     ctr("images", "import", str(archive))
 
 
-def load_buildah_image(source: str, name: str) -> bool:
+def load_buildah_image(source: str, name: str) -> int | None:
     """Copy a buildah image into containerd's CRI namespace as ``name`` (e.g.
     ``docker.io/rlkube/operator:0.1.0``, what CRI makes of ``rlkube/operator:0.1.0``), unless
     containerd already holds this very image (same buildah image id). containerd must be serving.
-    Returns whether it copied.
+    Returns the bytes of layers sent, None when the image was there already.
 
-    Only the layers containerd does not have travel, and buildah does not even read the others:
-    it pushes into an OCI layout (OCI_LAYOUT) where every blob containerd holds is already present
-    as a sparse placeholder of its size (no disk), which buildah takes for the blob and skips; the
-    blobs it does write are streamed into ``ctr images import`` (an OCI archive that names only
-    them; containerd finds the rest in its content store) and become placeholders in turn. After a
-    code change only the image's last layers are read, sent and unpacked."""
+    Only the layers containerd lacks travel, and buildah reads only those. It pushes into an OCI
+    layout (OCI_LAYOUT) and skips every layer for which a file named by the layer's uncompressed
+    digest is there; the layout holds such a file, sparse (no disk), for every layer containerd
+    has. Those layers come out of the push under their uncompressed digests, and the manifest is
+    rewritten to name them as containerd holds them (compressed); the layers buildah did write
+    (compressed: an OCI layout always gets compressed layers) stream into ``ctr images import`` as
+    an OCI archive that carries only them, and become placeholders in turn. After a code change
+    only each image's last layers are read, compressed, sent and unpacked."""
     image_id = subprocess.run(
         ["buildah", "inspect", "--type=image", "--format={{.FromImageID}}", source],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
-    if loaded_images().get(name, {}).get(IMAGE_ID_LABEL) == image_id:
-        return False
+    if loaded_images().get(name, {}).get(IMAGE_ID_LABEL) == image_id and _complete(name):
+        return None
     OCI_LAYOUT.mkdir(parents=True, exist_ok=True)
     with open(OCI_LAYOUT / ".lock", "w") as lock:  # one load at a time uses the layout
         fcntl.flock(lock, fcntl.LOCK_EX)
-        _load_through_layout(source, name, image_id)
-    return True
+        try:
+            sent = _load_through_layout(source, name, image_id)
+            problem = None if _complete(name) else "containerd lacks some of its blobs after the import"
+        except NodeError as exc:
+            problem = str(exc)
+        if problem:
+            # containerd's garbage collector can take a blob between our look at its content and
+            # the import (an image removed just before): once more, sending every layer.
+            print(f"loading {name} again with every layer ({problem})", file=sys.stderr)
+            sent = _load_through_layout(source, name, image_id, trust_content=False)
+    return sent
 
 
-def _load_through_layout(source: str, name: str, image_id: str) -> None:
-    in_containerd = set(ctr("content", "ls", "--quiet").stdout.decode().split())
-    blobs = OCI_LAYOUT / "blobs" / "sha256"
-    blobs.mkdir(parents=True, exist_ok=True)
-    # The layout claims exactly the layers containerd holds: none it lacks (its garbage collector may
-    # have removed one, or an earlier load stopped half-way; buildah writes those again), and every
-    # layer of its images (a placeholder of the size their manifests give).
-    for blob in blobs.iterdir():
-        if f"sha256:{blob.name}" not in in_containerd:
-            blob.unlink()
+def _complete(name: str) -> bool:
+    """Whether containerd holds every blob of image ``name`` (`ctr images check`)."""
+    out = ctr("images", "check", f"name=={name}", check=False).stdout.decode().splitlines()
+    return len(out) == 2 and " complete (" in out[1]
+
+
+def _held_layers(in_containerd: set[str]) -> dict[str, dict]:
+    """uncompressed digest (diff id) -> the descriptor of the blob containerd holds that layer as,
+    over the layers of every image containerd has."""
+    held = {}
     for media_type, digest, _ in _image_records().values():
-        if not media_type.endswith("manifest.v1+json") and not media_type.endswith("manifest.v2+json"):
-            continue  # an index (not what buildah makes); its images load the slow way
+        if not media_type.endswith(("manifest.v1+json", "manifest.v2+json")):
+            continue  # an index: not what buildah makes
         manifest = json.loads(ctr("content", "get", digest).stdout)
-        for layer in manifest["layers"]:
-            path = blobs / layer["digest"].split(":")[1]
-            if layer["digest"] in in_containerd and not path.exists():
-                path.touch()
-                os.truncate(path, layer["size"])
-    subprocess.run(["buildah", "push", "--quiet", "--disable-compression", source, f"oci:{OCI_LAYOUT}:{name}"],
+        if manifest["config"]["digest"] not in in_containerd:
+            continue
+        config = json.loads(ctr("content", "get", manifest["config"]["digest"]).stdout)
+        for diff_id, layer in zip(config["rootfs"]["diff_ids"], manifest["layers"]):
+            if layer["digest"] in in_containerd:
+                held[diff_id] = {key: layer[key] for key in ("mediaType", "digest", "size")}
+    return held
+
+
+def _load_through_layout(source: str, name: str, image_id: str, trust_content: bool = True) -> int:
+    in_containerd = set(ctr("content", "ls", "--quiet").stdout.decode().split()) if trust_content else set()
+    held = _held_layers(in_containerd)
+    blobs = OCI_LAYOUT / "blobs" / "sha256"
+    # The layout holds exactly a placeholder per layer containerd has, named by its diff id.
+    shutil.rmtree(blobs, ignore_errors=True)
+    blobs.mkdir(parents=True)
+    for diff_id, layer in held.items():
+        _placeholder(blobs / diff_id.split(":")[1], layer["size"])
+    # An OCI layout always gets compressed layers (buildah 1.28 ignores --disable-compression for
+    # it); zstd costs about a third less CPU than gzip here, and containerd 1.6 unpacks it.
+    subprocess.run(["buildah", "push", "--quiet", "--compression-format=zstd", source, f"oci:{OCI_LAYOUT}:{name}"],
                    capture_output=True, text=True, check=True)
     index = json.loads((OCI_LAYOUT / "index.json").read_text())
-    [entry] = [m for m in index["manifests"] if m.get("annotations", {}).get(OCI_REF_NAME) == name]
-    manifest = json.loads((blobs / entry["digest"].split(":")[1]).read_bytes())
-    missing = [d for d in (entry, manifest["config"], *manifest["layers"]) if d["digest"] not in in_containerd]
-    entry = {**entry, "annotations": {**entry.get("annotations", {}), "io.containerd.image.name": name}}
+    [pushed] = [m for m in index["manifests"] if m.get("annotations", {}).get(OCI_REF_NAME) == name]
+    (OCI_LAYOUT / "index.json").unlink()  # the next push starts a fresh index
+    manifest = json.loads((blobs / pushed["digest"].split(":")[1]).read_bytes())
+    config = json.loads((blobs / manifest["config"]["digest"].split(":")[1]).read_bytes())
+    layers, written = [], []
+    for diff_id, layer in zip(config["rootfs"]["diff_ids"], manifest["layers"]):
+        if layer["digest"] == diff_id and diff_id in held:  # skipped: named as containerd has it
+            layers.append(held[diff_id])
+        else:
+            layers.append(layer)
+            written.append((diff_id, layer))
+    manifest["layers"] = layers
+    manifest_bytes = json.dumps(manifest).encode()
+    digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
+    # Imported under a name of its own, then renamed: while the import unpacks, the image it replaces
+    # still holds the snapshots of the layers the two share (containerd's garbage collector would
+    # otherwise take them the moment the name moves, under the unpacking import).
+    loading = f"{name}-loading"
+    entry = {"mediaType": pushed["mediaType"], "digest": digest, "size": len(manifest_bytes),
+             "annotations": {OCI_REF_NAME: loading, "io.containerd.image.name": loading}}
+    sent = 0
     with tempfile.TemporaryFile() as output:
         importer = subprocess.Popen(
             ["ctr", f"--address={CONTAINERD_SOCKET}", f"--namespace={K8S_NAMESPACE}", "images", "import", "-"],
@@ -308,10 +352,17 @@ def _load_through_layout(source: str, name: str, image_id: str) -> None:
             with tarfile.open(fileobj=importer.stdin, mode="w|", copybufsize=4 << 20) as tar:
                 _add_bytes(tar, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
                 _add_bytes(tar, "index.json", json.dumps({"schemaVersion": 2, "manifests": [entry]}).encode())
-                for descriptor in missing:
-                    path = blobs / descriptor["digest"].split(":")[1]
+                _add_bytes(tar, f"blobs/sha256/{digest.split(':')[1]}", manifest_bytes)
+                if manifest["config"]["digest"] not in in_containerd:
+                    path = blobs / manifest["config"]["digest"].split(":")[1]
                     tar.add(path, arcname=f"blobs/sha256/{path.name}")
-                    _make_placeholder(path)
+                for diff_id, layer in written:
+                    path = blobs / layer["digest"].split(":")[1]
+                    if layer["digest"] not in in_containerd:
+                        tar.add(path, arcname=f"blobs/sha256/{path.name}")
+                        sent += layer["size"]
+                    path.unlink()
+                    _placeholder(blobs / diff_id.split(":")[1], layer["size"])
         except BrokenPipeError:
             pass  # ctr stopped reading: its exit code and output below say why
         finally:
@@ -322,8 +373,11 @@ def _load_through_layout(source: str, name: str, image_id: str) -> None:
         output.seek(0)
         if code != 0:
             raise NodeError(f"ctr images import of {name} exited {code}: {output.read().decode(errors='replace').strip()}")
+    ctr("images", "tag", "--force", loading, name)
+    ctr("images", "rm", loading)
     ctr("images", "label", name, f"{IMAGE_ID_LABEL}={image_id}")
     _remove_orphaned_id_references()
+    return sent
 
 
 def _remove_orphaned_id_references() -> None:
@@ -343,12 +397,10 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def _make_placeholder(path: Path) -> None:
-    """Replace a layer blob by a sparse file of its size (manifests and configs, small, stay)."""
-    size = path.stat().st_size
-    if size >= 1 << 20:
-        os.truncate(path, 0)
-        os.truncate(path, size)
+def _placeholder(path: Path, size: int) -> None:
+    """A sparse file of ``size`` bytes: buildah takes it for a blob it need not write."""
+    with open(path, "wb") as f:
+        f.truncate(size)
 
 
 # -------------------------------------------------------------------------------------------- lock
@@ -838,9 +890,9 @@ class Cluster:
         """The admin kubeconfig (files in the control plane's temp dir; valid while it runs)."""
         return self.control_plane.kubeconfig
 
-    def load_image(self, ref: str) -> bool:
+    def load_image(self, ref: str) -> int | None:
         """Copy the buildah image tagged ``ref`` (e.g. ``rlkube/operator:0.1.0``) into the node's
-        containerd under the name pods resolve ``ref`` to; False when it was there already."""
+        containerd under the name pods resolve ``ref`` to; the bytes sent, None when it was there."""
         return load_buildah_image(buildah_name(ref), cri_name(ref))
 
 
