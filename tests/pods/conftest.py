@@ -3,7 +3,9 @@
 ``cluster`` (session scope) is a running ``node.Cluster``: the control plane (on this machine's
 address, with KubeRay's operator) and the node ``rlkube-node`` with containerd, kubelet, kube-proxy,
 CoreDNS and the default StorageClass ``rlkube-local``. It starts once per pytest session, only when
-a test asks for it. Mark such tests ``@pytest.mark.pods`` and ``@pytest.mark.slow``.
+a test asks for it. Mark such tests ``@pytest.mark.pods``, ``@pytest.mark.slow`` and
+``@pytest.mark.xdist_group("pods")``: under pytest-xdist every worker makes its own session
+fixture, and one real node per machine means a second worker's would wait for the first's.
 
 ``operator_image`` (and ``trainer_image``, ``rollout_image``) is the image reference a pod spec
 names, e.g. ``rlkube/operator:0.1.0``, after checking that images/build.sh loaded it into the

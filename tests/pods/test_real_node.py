@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from node import NODE_NAME, STORAGE_CLASS, VOLUMES, Cluster
 
-pytestmark = [pytest.mark.pods, pytest.mark.slow]
+# One pytest-xdist worker runs every test on the real node: the session fixture is made once per
+# worker, and a second worker's node would wait for the machine-wide node lock.
+pytestmark = [pytest.mark.pods, pytest.mark.slow, pytest.mark.xdist_group("pods")]
 
 UID = 65532  # the images' USER
 
