@@ -15,7 +15,11 @@ FAST = -m "not slow and not controlplane"
 # Two pytest-xdist workers; tests sharing a session fixture stay on one (tests/conftest.py).
 TEST_WORKERS ?= 2
 
-.PHONY: run test test-fast test-suite venv venv-dev controlplane check-run check-test
+# The images the pods tier runs (tests/pods; images/build.sh builds them from the repository's
+# Dockerfiles on a local Debian base and loads them into the real node's containerd).
+TEST_IMAGES ?= operator
+
+.PHONY: run test test-fast test-suite venv venv-dev controlplane node images cluster cluster-down check-run check-test check-cluster
 
 ## run: train the embedded default RLJob locally and watch the reward climb
 run: venv
@@ -26,7 +30,7 @@ test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory test-suite; rc=$$?; took=$$(( $$(date +%s) - start )); \
 	echo "make test: exit $$rc after $$((took / 60)) min $$((took % 60)) s (set-up and suite)"; exit $$rc
 
-test-suite: venv-dev controlplane
+test-suite: venv-dev controlplane node images
 	$(PYTEST) -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
 ## test-fast: the unit tests only (no control plane running, no training runs; helm and promtool from the build)
@@ -41,6 +45,10 @@ check-test:
 	@$(HAVE_PYTHON)
 	@$(PYTHON) scripts/check_prereqs.py test
 
+check-cluster:
+	@$(HAVE_PYTHON)
+	@$(PYTHON) scripts/check_prereqs.py cluster
+
 venv: check-run
 	@RLKUBE_VENV="$(CURDIR)/$(VENV)" $(PYTHON) scripts/venv.py run >/dev/null
 
@@ -49,3 +57,23 @@ venv-dev: check-test
 
 controlplane: check-test
 	bash tests/controlplane/build.sh
+
+# The real node's pieces (kubelet, kube-proxy, CoreDNS, the pause image; containerd and the rest
+# from Debian), cached like the control plane.
+node: check-test
+	bash tests/node/build.sh
+
+images: node
+	bash images/build.sh $(TEST_IMAGES)
+
+## cluster: a real one-node cluster on this machine (root), for trying rlkube without a cluster at hand; prints its kubeconfig
+cluster: check-cluster venv
+	bash tests/controlplane/build.sh
+	bash tests/node/build.sh
+	bash images/build.sh operator
+	$(IN_VENV) $(VENV_BIN)/python tests/node/cluster.py up
+
+## cluster-down: stop that cluster and remove what it left on the machine (containers, network, mounts)
+cluster-down:
+	@$(HAVE_PYTHON)
+	@$(PYTHON) tests/node/cluster.py down

@@ -2,9 +2,11 @@
 
     python3 scripts/check_prereqs.py run     # Python >= 3.10 with venv (python3-venv)
     python3 scripts/check_prereqs.py test    # Python >= 3.11 with venv; Go >= 1.24 unless the test
-                                             # control plane is already built; prometheus and
-                                             # promtool, or apt-get to install them; root
-                                             # and iproute2 (network namespaces)
+                                             # control plane and node are already built; prometheus
+                                             # and promtool, or apt-get to install them; root and
+                                             # apt-get for the real node (the pods tier); iproute2
+                                             # (network namespaces of the multi-node test)
+    python3 scripts/check_prereqs.py cluster # what `make cluster` needs: the same minus prometheus
 
 Each missing piece is named with the command that provides it; the exit code is 1 when any is
 missing. The Go minimum is read from the control plane's go.mod files, so it cannot drift from
@@ -22,6 +24,22 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTROLPLANE = os.path.join(REPO, "tests", "controlplane")
+NODE = os.path.join(REPO, "tests", "node")
+
+# What tests/node/build.sh and images/build.sh install with apt-get when missing: Debian package ->
+# a file it provides.
+NODE_PACKAGES = {
+    "containerd": "/usr/bin/containerd",
+    "runc": "/usr/sbin/runc",
+    "containernetworking-plugins": "/usr/lib/cni/bridge",
+    "iptables": "/usr/sbin/iptables",
+    "conntrack": "/usr/sbin/conntrack",
+    "socat": "/usr/bin/socat",
+    "buildah": "/usr/bin/buildah",
+    "mmdebstrap": "/usr/bin/mmdebstrap",
+    "gcc": "/usr/bin/gcc",
+    "libc6-dev": "/usr/include/stdlib.h",
+}
 
 RUN_PYTHON = (3, 10)  # pyproject.toml's requires-python
 TEST_PYTHON = (3, 11)  # the tests read pyproject.toml with tomllib (3.11+)
@@ -30,7 +48,7 @@ TEST_PYTHON = (3, 11)  # the tests read pyproject.toml with tomllib (3.11+)
 def go_minimum():
     """The highest `go` directive of the control plane's wrapper modules, as (major, minor)."""
     versions = []
-    for path in glob.glob(os.path.join(CONTROLPLANE, "*", "go.mod")):
+    for path in glob.glob(os.path.join(CONTROLPLANE, "*", "go.mod")) + glob.glob(os.path.join(NODE, "*", "go.mod")):
         with open(path) as f:
             match = re.search(r"^go (\d+)\.(\d+)", f.read(), re.M)
         if match:
@@ -63,12 +81,18 @@ def venv_available():
 
 
 def controlplane_built():
-    """True when every control-plane binary is cached (then Go is not needed)."""
+    """True when every control-plane and node binary is cached (then Go is not needed)."""
     sys.path.insert(0, CONTROLPLANE)
     try:
         import harness  # stdlib only
 
-        return not harness.missing_binaries()
+        if harness.missing_binaries():
+            return False
+        versions = harness.read_versions()
+        key = "k8s-%s_coredns-%s_pause-%s" % (versions["KUBERNETES_VERSION"], versions["COREDNS_VERSION"],
+                                              versions["PAUSE_VERSION"])  # tests/node/build.sh's KEY
+        root = os.environ.get("RLKUBE_NODE_CACHE") or os.path.expanduser("~/.cache/rlkube/node")
+        return all(os.access(os.path.join(root, key, "bin", name), os.X_OK) for name in ("kubelet", "kube-proxy", "coredns"))
     except Exception:  # an unreadable cache means a build
         return False
     finally:
@@ -82,8 +106,9 @@ def check_go():
     go = shutil.which("go")
     if go is None:
         return [
-            "Go %d.%d or newer is needed to build the test control plane (tests/controlplane/build.sh, "
-            "about 18 minutes the first time, cached after): install it from https://go.dev/dl/ and put go on PATH"
+            "Go %d.%d or newer is needed to build the test control plane and node (tests/controlplane/build.sh, "
+            "tests/node/build.sh: about 25 minutes the first time, cached after): install it from "
+            "https://go.dev/dl/ and put go on PATH"
             % minimum
         ]
     output = subprocess.run([go, "version"], stdout=subprocess.PIPE, universal_newlines=True).stdout
@@ -116,15 +141,34 @@ def check_netns():
     return problems
 
 
+def check_node():
+    """The real node (tests/node: the pods tier, make cluster) runs containerd, kubelet and iptables,
+    and its build installs Debian packages: root, Linux, and apt-get unless they are all there."""
+    problems = []
+    if not sys.platform.startswith("linux"):
+        return ["a real node (the pods tier, make cluster) needs Linux"]
+    if os.geteuid() != 0:
+        problems.append("a real node (the pods tier of make test, make cluster) runs containerd, kubelet and "
+                        "iptables, which need root: run make as root (deselect the tier with "
+                        "pytest -m 'not pods')")
+    missing = sorted(package for package, path in NODE_PACKAGES.items() if not os.path.exists(path))
+    if missing and not shutil.which("apt-get"):
+        problems.append("%s missing and there is no apt-get to install them (Debian/Ubuntu packages)"
+                        % ", ".join(missing))
+    return problems
+
+
 def main(argv):
-    if len(argv) != 2 or argv[1] not in ("run", "test"):
-        print("usage: %s run|test" % argv[0], file=sys.stderr)
+    if len(argv) != 2 or argv[1] not in ("run", "test", "cluster"):
+        print("usage: %s run|test|cluster" % argv[0], file=sys.stderr)
         return 2
     target = argv[1]
     if target == "run":
         problems = check_python(RUN_PYTHON)
     else:
-        problems = check_python(TEST_PYTHON) + check_go() + check_prometheus() + check_netns()
+        problems = check_python(TEST_PYTHON) + check_go() + check_node()
+        if target == "test":
+            problems += check_prometheus() + check_netns()
         if not shutil.which("flock"):
             problems.append("flock is missing (tests/controlplane/build.sh locks its cache with it): apt-get install util-linux")
     for problem in problems:

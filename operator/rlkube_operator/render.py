@@ -683,6 +683,9 @@ def _pod_spec(
         "volumes": volumes,
         # On SIGTERM the runtime saves a checkpoint of everything trained before it exits.
         "terminationGracePeriodSeconds": spec.fault_tolerance.termination_grace_period_seconds,
+        # No <SERVICE>_PORT variables from the namespace's Services: a Service named rlkube-metrics
+        # (the chart's, released as "rlkube") would set RLKUBE_METRICS_PORT=tcp://... in the pods.
+        "enableServiceLinks": False,
         **_job_pod_settings(spec),
     }
     if node_selector:

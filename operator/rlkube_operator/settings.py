@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from rlkube_runtime import __version__
-from rlkube_runtime.spec.contract import RUN_AS_USER
+from rlkube_runtime.spec.contract import IMAGE_UID
 from rlkube_runtime.spec.pod_policy import PodPolicy, load_pod_policy
 
 
@@ -31,7 +31,7 @@ class OperatorSettings:
     """Cap of the restart backoff faultTolerance.backoffSeconds x 2^restarts."""
     resync_seconds: float = 30.0
     """Active jobs are reconciled at least this often, even when no watch event arrives."""
-    run_as_user: int = RUN_AS_USER
+    run_as_user: int = IMAGE_UID
     """The non-root UID (and GID) every process of a job's pods runs as; the images' user."""
     read_only_root_filesystem: bool = True
     """Containers get a read-only root filesystem (writable: an emptyDir at /tmp, and the volumes)."""

@@ -132,6 +132,12 @@ class ControlPlane:
     receives one log file per component. ``extra_args`` adds flags to a component by name
     (``etcd``, ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler``, ``kwok``,
     ``kuberay-operator``), e.g. ``{"kube-apiserver": ["--feature-gates=..."]}``.
+
+    ``node_address`` (default None: everything on 127.0.0.1, as the kwok tests have it) is the
+    address of this machine for a real node (tests/node): the API server listens and advertises
+    there, so pods reach it through the ``kubernetes`` Service, and is set up for kubelets: Node
+    authorization with NodeRestriction, a client certificate to call kubelets with, kubelet serving
+    certificates checked against the cluster CA, InternalIP before Hostname.
     """
 
     def __init__(
@@ -143,6 +149,7 @@ class ControlPlane:
         logs_dir: str | os.PathLike | None = None,
         start_kuberay: bool = True,
         extra_args: dict[str, list[str]] | None = None,
+        node_address: str | None = None,
     ) -> None:
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
@@ -150,6 +157,7 @@ class ControlPlane:
         self.memory_per_node = memory_per_node
         self.start_kuberay = start_kuberay
         self.extra_args = extra_args or {}  # component name -> more flags, e.g. feature gates
+        self.node_address = node_address
         self.cache = cache_dir()
         self.bin_dir = self.cache / "bin"
         self._workdir: Path | None = None
@@ -181,7 +189,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.node_address or '127.0.0.1'}:{self.api_port}"
 
     @property
     def pids(self) -> list[int]:
@@ -394,6 +402,27 @@ class ControlPlane:
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
+    def issue_cert(
+        self, name: str, common_name: str, groups: list[str] = (), sans: list[str] = (), server: bool = False
+    ) -> tuple[Path, Path]:
+        """A certificate signed by the cluster CA, written as ``pki/<name>.crt`` and ``.key``; returns
+        both paths. Client certificates (``server=False``) authenticate as user ``common_name`` in
+        ``groups``; serving certificates name their hosts in ``sans``."""
+        pki = self._dir / "pki"
+        ca_key, ca_cert = _load_ca(pki)
+        key, cert = _make_cert(ca_key, ca_cert, common_name, list(groups), list(sans), server=server)
+        _write_pem(pki / f"{name}.crt", cert)
+        _write_pem(pki / f"{name}.key", key)
+        return pki / f"{name}.crt", pki / f"{name}.key"
+
+    def issue_kubeconfig(self, name: str, common_name: str, groups: list[str] = ()) -> Path:
+        """A kubeconfig for user ``common_name`` in ``groups`` (a client certificate signed by the
+        cluster CA), written next to the admin one; returns its path."""
+        self.issue_cert(name, common_name, groups)
+        path = self._dir / f"{name}.kubeconfig"
+        self._write_kubeconfig(name, path)
+        return path
+
     # ---------------------------------------------------------------- certificates
 
     @property
@@ -410,6 +439,8 @@ class ControlPlane:
         _write_pem(pki / "ca.key", ca_key)
         sans = ["127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local", str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))]
+        if self.node_address:
+            sans.append(self.node_address)
         key, cert = _make_cert(ca_key, ca_cert, "kube-apiserver", [], sans, server=True)
         _write_pem(pki / "apiserver.crt", cert)
         _write_pem(pki / "apiserver.key", key)
@@ -417,6 +448,9 @@ class ControlPlane:
             ("admin", "admin", ["system:masters"]),
             ("kube-controller-manager", "system:kube-controller-manager", []),
             ("kube-scheduler", "system:kube-scheduler", []),
+            # How the API server authenticates to kubelets (logs, exec, port-forward); the name
+            # kubeadm uses, granted system:kubelet-api-admin by the real node (tests/node).
+            ("kubelet-client", "kube-apiserver-kubelet-client", []),
         ):
             key, cert = _make_cert(ca_key, ca_cert, name, groups, [], server=False)
             _write_pem(pki / f"{user}.crt", cert)
@@ -432,23 +466,28 @@ class ControlPlane:
             ("kube-controller-manager", self._dir / "controller-manager.kubeconfig"),
             ("kube-scheduler", self._dir / "scheduler.kubeconfig"),
         ):
-            path.write_text(
-                json.dumps(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Config",
-                        "clusters": [{"name": "rlkube-test", "cluster": {
-                            "server": self.server, "certificate-authority": str(pki / "ca.crt")}}],
-                        "users": [{"name": user, "user": {
-                            "client-certificate": str(pki / f"{user}.crt"),
-                            "client-key": str(pki / f"{user}.key")}}],
-                        "contexts": [{"name": "rlkube-test", "context": {
-                            "cluster": "rlkube-test", "user": user, "namespace": "default"}}],
-                        "current-context": "rlkube-test",
-                    },
-                    indent=1,
-                )
+            self._write_kubeconfig(user, path)
+
+    def _write_kubeconfig(self, user: str, path: Path) -> None:
+        """A kubeconfig for the client certificate pki/<user>.crt."""
+        pki = self._dir / "pki"
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "rlkube-test", "cluster": {
+                        "server": self.server, "certificate-authority": str(pki / "ca.crt")}}],
+                    "users": [{"name": user, "user": {
+                        "client-certificate": str(pki / f"{user}.crt"),
+                        "client-key": str(pki / f"{user}.key")}}],
+                    "contexts": [{"name": "rlkube-test", "context": {
+                        "cluster": "rlkube-test", "user": user, "namespace": "default"}}],
+                    "current-context": "rlkube-test",
+                },
+                indent=1,
             )
+        )
 
     # ---------------------------------------------------------------- components
 
@@ -487,25 +526,43 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         pki = self._dir / "pki"
+        address = self.node_address or "127.0.0.1"
+        if self.node_address:
+            # For kubelets: nodes authorized as nodes, and the API server calling them back with
+            # its own client certificate, checking theirs, at their InternalIP first. Listening
+            # on node_address lets the default endpoint reconciler publish it for the `kubernetes`
+            # Service, which is how pods reach the API server.
+            for_nodes = [
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+            ]
+        else:
+            for_nodes = [
+                "--authorization-mode=RBAC",
+                # The "kubernetes" Service cannot get endpoints on a loopback address; nothing here needs them.
+                "--endpoint-reconciler-type=none",
+            ]
         apiserver = self._spawn("kube-apiserver", [
             str(self.bin("kube-apiserver")),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={address}",
+            f"--advertise-address={address}",
             f"--secure-port={self.api_port}",
             f"--cert-dir={pki}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
-            "--authorization-mode=RBAC",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--allow-privileged=true",
             "--profiling=false",
-            # The "kubernetes" Service cannot get endpoints on a loopback address; nothing here needs them.
-            "--endpoint-reconciler-type=none",
+            *for_nodes,
         ])
         self._wait_component(apiserver, self._apiserver_ready, START_TIMEOUT, "kube-apiserver /readyz")
 
@@ -577,6 +634,8 @@ class ControlPlane:
         ], env=env)
 
     def _create_nodes(self) -> None:
+        if self.nodes == 0:  # a real node's cluster (tests/node) may want no fake ones
+            return
         key, value = KWOK_NODE_ANNOTATION
         docs = []
         for i in range(self.nodes):
@@ -841,6 +900,14 @@ def _make_cert(ca_key, ca_cert, common_name: str, groups: list[str], sans: list[
                 names.append(x509.DNSName(san))
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def _load_ca(pki: Path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
+    return key, x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
 
 
 def _write_pem(path: Path, obj) -> None:

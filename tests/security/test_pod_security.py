@@ -3,7 +3,7 @@
 the pods KubeRay then creates for a job (head, workers with KubeRay's init container, the
 submitter) are admitted in a namespace that enforces it.
 
-kwok runs no containers, so whether the processes then run as UID 1000 on a read-only root is for
+kwok runs no containers, so whether the processes then run as UID 65532 on a read-only root is for
 a real node to show (tests/node, where it exists)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import yaml
 from operator_fixtures import OperatorProcess, get_or_none, kubectl_json, token_kubeconfig
 from rlkube_operator.preview import preview
 from rlkube_operator.settings import OperatorSettings
+from rlkube_runtime.spec.contract import IMAGE_UID
 from rlkube_runtime.spec.load import load_documents
 from secured_cluster import OPERATOR_SA, RELEASE_NAMESPACE, REPO, VALUES
 
@@ -106,7 +107,7 @@ def test_the_pods_kuberay_creates_for_a_job_are_admitted_in_a_restricted_namespa
         pods = cp.wait_for(every_pod_created, 120, "the head, trainer, rollout and submitter pods")
         for pod in pods:
             spec = pod["spec"]
-            assert spec["securityContext"]["runAsUser"] == 1000
+            assert spec["securityContext"]["runAsUser"] == IMAGE_UID
             for container in spec.get("initContainers", []) + spec["containers"]:
                 context = container.get("securityContext") or {}
                 assert context.get("allowPrivilegeEscalation") is False, (pod["metadata"]["name"], container["name"])

@@ -32,6 +32,7 @@ CONTROLPLANE_DIR = REPO / "tests" / "controlplane"
 if str(CONTROLPLANE_DIR) not in sys.path:
     sys.path.insert(0, str(CONTROLPLANE_DIR))
 from harness import BUILD_COMMAND, cache_dir
+from rlkube_runtime.spec.contract import IMAGE_UID
 
 # Every optional part on (monitors, rules, dashboards), cluster-wide.
 ALL_ON = ["serviceMonitor.enabled=true", "podMonitor.enabled=true", "prometheusRule.enabled=true",
@@ -189,6 +190,8 @@ def test_the_deployment_runs_one_nonroot_operator_with_probes_and_a_metrics_port
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "rlkube"
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # Service links would turn the Service rlkube-metrics into RLKUBE_METRICS_PORT=tcp://... (found on a real node).
+    assert pod["enableServiceLinks"] is False
     (container,) = pod["containers"]
     assert container["image"] == "rlkube/operator:0.1.0" and container["imagePullPolicy"] == "IfNotPresent"
     assert container["command"] + container["args"] == ["rlkube", "operator", "--metrics-port=8080", "--standalone"]
@@ -443,4 +446,4 @@ def test_the_network_policy_peers_of_the_values_are_the_operators_defaults():
     settings = OperatorSettings.from_env(env)
     assert settings.metrics_from == OperatorSettings().metrics_from
     assert settings.dashboard_from == OperatorSettings().dashboard_from
-    assert (settings.run_as_user, settings.read_only_root_filesystem) == (1000, True)
+    assert (settings.run_as_user, settings.read_only_root_filesystem) == (IMAGE_UID, True)

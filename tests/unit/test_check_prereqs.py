@@ -29,12 +29,14 @@ def bare_path(tmp_path, monkeypatch):
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.setenv("RLKUBE_CONTROLPLANE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RLKUBE_NODE_CACHE", str(tmp_path / "node-cache"))
     monkeypatch.delenv("RLKUBE_SKIP_PROMETHEUS", raising=False)
     return bin_dir
 
 
 def test_the_go_minimum_is_the_control_planes_go_mod_and_the_readme_states_every_minimum():
-    directives = {re.search(r"^go (\d+)\.(\d+)", p.read_text(), re.M).groups() for p in (REPO / "tests/controlplane").glob("*/go.mod")}
+    go_mods = [*(REPO / "tests/controlplane").glob("*/go.mod"), *(REPO / "tests/node").glob("*/go.mod")]
+    directives = {re.search(r"^go (\d+)\.(\d+)", p.read_text(), re.M).groups() for p in go_mods}
     assert check_prereqs.go_minimum() == max((int(a), int(b)) for a, b in directives)
     readme = (REPO / "README.md").read_text()
     go = "Go %d.%d" % check_prereqs.go_minimum()
@@ -57,6 +59,20 @@ def test_go_is_asked_for_only_while_the_control_plane_is_unbuilt(bare_path):
     assert "Go 1.24 or newer is needed" in problem and "go1.21.3" in problem
     _fake_tool(bare_path, "go", "go version go1.26.0 linux/amd64")
     assert check_prereqs.check_go() == []
+
+
+def test_the_real_node_asks_for_root_and_for_apt_get_while_its_packages_are_missing(bare_path, monkeypatch):
+    monkeypatch.setattr(check_prereqs, "NODE_PACKAGES", {"containerd": str(bare_path / "containerd")})
+    monkeypatch.setattr(check_prereqs.os, "geteuid", lambda: 1000)
+    root, apt = check_prereqs.check_node()
+    assert "need root" in root and "-m 'not pods'" in root
+    assert apt.startswith("containerd missing") and "no apt-get" in apt
+    monkeypatch.setattr(check_prereqs.os, "geteuid", lambda: 0)
+    _fake_tool(bare_path, "apt-get", "")
+    assert check_prereqs.check_node() == []  # tests/node/build.sh installs it
+    (bare_path / "apt-get").unlink()
+    _fake_tool(bare_path, "containerd", "")
+    assert check_prereqs.check_node() == []
 
 
 def test_prometheus_without_apt_get_is_named(bare_path):

@@ -44,9 +44,12 @@ PREEMPTED_EXIT_CODE = 143
 METRICS_PORT = 9464
 METRICS_PORT_NAME = "rlkube-metrics"
 
-# The non-root user and group every process of a job runs as (the pods' runAsUser/runAsGroup; the
-# trainer and rollout images create this user, so a pod that runs as it finds its home and name).
-RUN_AS_USER = 1000
+# The user every rlkube image runs as (USER in Dockerfile.trainer, Dockerfile.rollout and
+# images/operator.Dockerfile, with a passwd entry `rlkube`), and so the non-root user and group the
+# job's pods run as by default (runAsUser/runAsGroup/fsGroup; the chart's jobPods.runAsUser for images
+# of one's own): a pod that runs as it finds its name and home, and volumes a job mounts (a
+# checkpoint claim whose filesystem root belongs to root) are writable through fsGroup.
+IMAGE_UID = 65532
 # What the pods may write to, their root filesystem being read-only: an emptyDir here, which is
 # also the working directory and $HOME (Ray's session files, compiler and model caches, a run's
 # output when spec.model.save is unset).

@@ -56,3 +56,26 @@ def test_the_makefile_installs_the_pinned_sglang_when_it_installs_one():
 
 def test_the_installed_router_is_the_pinned_one():
     assert importlib.metadata.version("sglang-router") == SGLANG_ROUTER_VERSION
+
+
+def _constraints() -> dict[str, Requirement]:
+    lines = (ROOT / "images" / "sglang-pins.txt").read_text().splitlines()
+    return {r.name: r for r in (Requirement(line) for line in lines if line.strip() and not line.startswith("#"))}
+
+
+def test_the_images_constraints_are_what_the_pinned_sglang_itself_pins():
+    # The trainer and rollout images install the runtime under images/sglang-pins.txt; a version
+    # there that sglang does not pin would change what the images hold.
+    sglang_pins = {r.name: r for r in map(Requirement, importlib.metadata.requires("sglang") or []) if r.marker is None}
+    assert importlib.metadata.version("sglang") == SGLANG_VERSION
+    for name, constraint in _constraints().items():
+        assert name in sglang_pins, f"images/sglang-pins.txt constrains {name}, which sglang {SGLANG_VERSION} does not pin"
+        assert constraint.specifier == sglang_pins[name].specifier, (name, str(constraint), str(sglang_pins[name]))
+
+
+def test_the_images_constrain_every_runtime_dependency_sglang_pins_exactly():
+    # Otherwise the trainer's sglang layer would replace a version the shared runtime layer installed.
+    runtime = {Requirement(r).name for r in _extras()["runtime"]}
+    sglang_exact = {r.name for r in map(Requirement, importlib.metadata.requires("sglang") or [])
+                    if r.marker is None and _pins([str(r)], r.name) != [""]}
+    assert runtime & sglang_exact == set(_constraints())

@@ -9,6 +9,7 @@ import yaml
 from operator_testutil import default_settings, make_body
 from rlkube_operator import render
 from rlkube_operator.settings import OperatorSettings
+from rlkube_runtime.spec.contract import IMAGE_UID
 from rlkube_runtime.spec.load import SpecError, parse_rljob
 from rlkube_runtime.spec.resources import RESERVED_LABEL_PREFIXES, RESERVED_LABELS
 
@@ -379,7 +380,7 @@ def test_every_pod_runs_as_the_fixed_non_root_user_without_privileges_on_a_read_
     _, rj = _render(spec)
     for role, pod in _pods(rj).items():
         assert pod["spec"]["securityContext"] == {
-            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+            "runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID,
             "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
         }, role
         [container] = pod["spec"]["containers"]
@@ -518,3 +519,20 @@ def test_secret_env_becomes_a_secret_key_ref_on_every_ray_container():
         assert {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}} in env
         assert {"name": "HF_TOKEN",
                 "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": True}}} in env
+
+
+def test_no_ray_pod_gets_the_namespaces_services_as_environment():
+    # A Service named rlkube-metrics (the chart's, released as "rlkube") would otherwise set
+    # RLKUBE_METRICS_PORT=tcp://<ip>:8080 in every pod of its namespace.
+    cluster = _render({})[1]["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    assert {pod["spec"]["enableServiceLinks"] for pod in pods} == {False}
+
+
+def test_every_ray_pod_gives_its_volumes_the_images_group():
+    # The images run as IMAGE_UID (not root): without fsGroup a claim whose root belongs to root
+    # would refuse its checkpoints.
+    cluster = _render({})[1]["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    assert {(pod["spec"]["securityContext"]["fsGroup"], pod["spec"]["securityContext"]["fsGroupChangePolicy"])
+            for pod in pods} == {(IMAGE_UID, "OnRootMismatch")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from rlkube_operator.settings import OperatorSettings
+from rlkube_runtime.spec.contract import IMAGE_UID
 from rlkube_runtime import __version__
 
 
@@ -26,9 +27,9 @@ def test_bad_durations_name_the_variable_and_value(value):
         OperatorSettings.from_env({"RLKUBE_RESYNC_SECONDS": value})
 
 
-def test_pods_run_as_uid_1000_on_a_read_only_root_unless_the_environment_says_otherwise():
+def test_pods_run_as_the_images_user_on_a_read_only_root_unless_the_environment_says_otherwise():
     assert (OperatorSettings.from_env({}).run_as_user, OperatorSettings.from_env({}).read_only_root_filesystem) == (
-        1000, True)
+        IMAGE_UID, True)
     s = OperatorSettings.from_env({"RLKUBE_RUN_AS_USER": "2000", "RLKUBE_READ_ONLY_ROOT_FILESYSTEM": "false"})
     assert (s.run_as_user, s.read_only_root_filesystem) == (2000, False)
 
