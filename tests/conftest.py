@@ -2,7 +2,8 @@
 
 `make test` runs the suite on two workers (`-n 2 --dist loadgroup`). A session-scoped fixture is
 made once per worker, so the tests that share an expensive one are kept on one worker: everything
-on the shared control plane, and the chaos suite (its own control plane and its reference run).
+on the shared control plane, everything on the real node (one per machine), and the chaos suite
+(its own control plane and its reference run).
 The rest is spread over both workers as they free up.
 
 ``control_plane`` (session scope) is a running tests/controlplane/harness.py ControlPlane: etcd,
@@ -31,6 +32,8 @@ def xdist_group_of(path: Path, markers: set[str], fixtures: set[str]) -> str | N
     """The worker group a test belongs to, or None when it may run anywhere."""
     if TESTS / "chaos" in path.parents:
         return "chaos"
+    if "pods" in markers or "cluster" in fixtures:
+        return "pods"  # one real node per machine
     if "controlplane" in markers or "control_plane" in fixtures:
         return "controlplane"
     return None

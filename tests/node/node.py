@@ -52,7 +52,6 @@ from harness import (  # noqa: E402 - needs the sys.path entry above
     ControlPlane,
     ControlPlaneError,
     _clean_env,
-    _die_with_parent,
     _free_ports,
     _http_ok,
     _signal_group,
@@ -475,17 +474,20 @@ def containerd_for_loading(logs_dir: Path | None = None) -> Iterator[None]:
         lock.release()
 
 
+def _start_process(args: list[str], log, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+    """A node component in its own process group, killed if this process dies (rlkube_runtime.proc)."""
+    from rlkube_runtime import proc  # here: importing this module must stay stdlib-only (check_prereqs)
+
+    return proc.start(args, stdout=log, env=env or _clean_env(), cwd=cwd)
+
+
 def _start_containerd(log_path: Path) -> subprocess.Popen:
     CONTAINERD_STATE.mkdir(parents=True, exist_ok=True)
     CONTAINERD_ROOT.mkdir(parents=True, exist_ok=True)
     config = STATE / "containerd.toml"
     config.write_text(containerd_config(pause_image()))
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            ["containerd", f"--config={config}"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
-        )
+        process = _start_process(["containerd", f"--config={config}"], log)
     deadline = time.monotonic() + 60
     while not containerd_serving():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -640,10 +642,7 @@ class RealNode:
         log_path = self.logs_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it
         try:
-            process = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=STATE,
-                env=env or _clean_env(), start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
-            )
+            process = _start_process(args, log, env=env, cwd=STATE)
         finally:
             log.close()
         self._adopt(name, process, log_path)

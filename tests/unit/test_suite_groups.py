@@ -20,6 +20,7 @@ def test_the_chaos_suite_and_control_plane_users_each_form_one_group():
     assert xdist_group_of(TESTS / "chaos" / "test_chaos_controlplane.py", {"slow", "controlplane"}, set()) == "chaos"
     assert xdist_group_of(TESTS / "integration" / "test_operator.py", {"controlplane", "slow"}, set()) == "controlplane"
     assert xdist_group_of(TESTS / "integration" / "test_x.py", set(), {"control_plane", "tmp_path"}) == "controlplane"
+    assert xdist_group_of(TESTS / "pods" / "test_real_node.py", {"pods", "slow"}, set()) == "pods"
     assert xdist_group_of(TESTS / "unit" / "test_metrics.py", set(), {"tmp_path"}) is None
 
 
