@@ -87,7 +87,6 @@ MAX_RAYJOB_NAME_LENGTH = 47
 MAX_RLJOB_NAME_LENGTH = MAX_NAME_LENGTH
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
-HEAD_RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"}}
 # KubeRay's own submitter container (GetDefaultSubmitterContainer in ray-operator/controllers/ray/
 # common/job.go, v1.5): the head's image with these resources. rlkube renders the same container only
 # when a job-wide pod setting (pull secrets, priority, labels, annotations) must reach that pod too.
@@ -481,7 +480,7 @@ def check_volumes(spec: RLJobSpec) -> None:
 def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, image: str, settings: OperatorSettings) -> dict[str, Any]:
     trainer = spec.resources.trainer
     container = _container(
-        ref, spec, attempt, name="ray-head", image=image, resources=copy.deepcopy(HEAD_RESOURCES), role="head",
+        ref, spec, attempt, name="ray-head", image=image, resources=copy.deepcopy(spec.resources.head.resources), role="head",
         settings=settings,
     )
     container["ports"] = copy.deepcopy(RAY_PORTS) + [

@@ -5,13 +5,14 @@ kept as free dicts: they are copied into the pods unchanged and the API server v
 Pod labels and annotations are checked here instead: KubeRay creates the pods, so a bad key would
 only surface as pods that never appear.
 
-Per group (`trainer`, `rollout`): what differs between GPU pools (GPU resource name, placement,
+The head (`head`): what the driver's pod asks for. Per group (`trainer`, `rollout`): what differs between GPU pools (GPU resource name, placement,
 pod metadata). Job-wide: what every pod of the job shares (pull secrets, priority, /dev/shm, pod
 metadata), the Ray head included.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Annotated, Any, Literal, Optional
 
@@ -192,6 +193,21 @@ def pod_annotations_field(scope: str) -> Any:
     )
 
 
+# What the Ray head asks for when the RLJob says nothing: it runs Ray's GCS and dashboard and the
+# driver (the loop, rewards, checkpoints' bookkeeping), no model.
+DEFAULT_HEAD_RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"}}
+
+
+class HeadResources(SpecModel):
+    """The Ray head pod: Ray's GCS and job server and the driver (`rlkube run`'s loop); no GPU."""
+
+    resources: KubeObject = Field(
+        default_factory=lambda: copy.deepcopy(DEFAULT_HEAD_RESOURCES),
+        description="Kubernetes ResourceRequirements of the head pod (requests, limits). Default: requests of "
+        "2 CPUs and 8Gi of memory; a small job on a small node asks for less.",
+    )
+
+
 class TrainerResources(SpecModel):
     """The trainer's pods: one Ray worker pod per node."""
 
@@ -337,6 +353,7 @@ class ResourcesSpec(SpecModel):
         "GPUs, trainer and engines releasing memory in turn (not with training.mode async). Default separate; "
         "fixed after creation.",
     )
+    head: HeadResources = section(HeadResources, "The Ray head pod (the driver).")
     trainer: TrainerResources = section(TrainerResources, "Trainer pods.")
     rollout: RolloutResources = section(RolloutResources, "Rollout-engine pods (separate placement).")
     volumes: list[KubeObject] = Field(
@@ -385,11 +402,18 @@ class ResourcesSpec(SpecModel):
     def _check_cross_fields(self) -> "ResourcesSpec":
         violations = colocated_rollout_violations(self.placement, self.rollout)
         violations += env_violations(self.env, self.secret_env)
-        for group in ("trainer", "rollout"):
+        for group in ("head", "trainer", "rollout"):
             extra = sorted(set(getattr(self, group).resources) - set(RESOURCE_REQUIREMENT_KEYS))
             if extra:
                 violations.append((f"{group}.resources.{extra[0]}", (
                     f"only {' and '.join(RESOURCE_REQUIREMENT_KEYS)} are rendered into the pods; remove {extra[0]}"
+                )))
+        gpu_names = {DEFAULT_GPU_RESOURCE, self.trainer.gpu_resource_name, self.rollout.gpu_resource_name}
+        for section in RESOURCE_REQUIREMENT_KEYS:
+            for name in sorted(gpu_names & set(self.head.resources.get(section) or {})):
+                violations.append((f"head.resources.{section}", (
+                    f"{name}: the Ray head runs no GPU work (num-gpus 0), so a GPU there would sit idle; "
+                    "GPUs belong to resources.trainer and resources.rollout"
                 )))
         for i, mount in enumerate(self.volume_mounts):
             if mount.get("mountPropagation") == "Bidirectional":

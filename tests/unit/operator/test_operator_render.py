@@ -109,6 +109,15 @@ def test_head_is_cpu_only_with_the_trainer_image_and_the_ray_ports():
     assert "nodeSelector" not in head["template"]["spec"]
 
 
+def test_the_head_asks_for_two_cpus_and_8gi_unless_the_job_sizes_it():
+    _, rj = _render(SEPARATE)
+    assert _container(rj["spec"]["rayClusterSpec"]["headGroupSpec"])["resources"] == {
+        "requests": {"cpu": "2", "memory": "8Gi"}}
+    small = {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}}
+    _, rj = _render({"resources": {"head": {"resources": small}}})
+    assert _container(rj["spec"]["rayClusterSpec"]["headGroupSpec"])["resources"] == small
+
+
 def test_images_default_from_operator_settings_and_rollout_falls_back_to_the_trainer_image():
     _, rj = _render({"resources": {"placement": "separate", "rollout": {"gpus": 2}}})
     assert _container(_groups(rj)["trainer"])["image"] == "reg/trainer:1"

@@ -82,6 +82,14 @@ def test_a_resource_requirement_rlkube_does_not_render_is_refused():
     assert path == "spec.resources.trainer.resources.claims" and "only requests and limits" in message
 
 
+def test_the_head_takes_requests_and_limits_but_no_gpu():
+    assert errors(job(head={"resources": {"requests": {"cpu": "250m", "memory": "1Gi"}}}), None) == []
+    [(path, message)] = errors(job(head={"resources": {"requests": {"cpu": "1"}, "claims": [{"name": "x"}]}}), None)
+    assert path == "spec.resources.head.resources.claims" and "only requests and limits" in message
+    [(path, message)] = errors(job(head={"resources": {"limits": {"nvidia.com/gpu": "1"}}}), None)
+    assert path == "spec.resources.head.resources.limits" and "runs no GPU work" in message
+
+
 def test_credential_names_with_literal_values_are_refused_and_others_are_not():
     for name in ("WANDB_API_KEY", "HF_TOKEN", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY", "TOKEN"):
         [(path, message)] = errors(job(env=[{"name": name, "value": "x"}]), None)
