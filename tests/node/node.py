@@ -43,6 +43,11 @@ HERE = Path(__file__).resolve().parent
 CONTROLPLANE_DIR = HERE.parent / "controlplane"
 if str(CONTROLPLANE_DIR) not in sys.path:
     sys.path.insert(0, str(CONTROLPLANE_DIR))
+# rlkube_runtime.proc (stdlib only) starts the components: importable from the source tree too, for
+# the system python3 that images/build.sh and `make cluster-down` call this with.
+RUNTIME_DIR = HERE.parents[1] / "runtime"
+if str(RUNTIME_DIR) not in sys.path:
+    sys.path.append(str(RUNTIME_DIR))
 
 from harness import (  # noqa: E402 - needs the sys.path entry above
     SERVICE_CIDR,
