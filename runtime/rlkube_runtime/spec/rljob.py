@@ -51,13 +51,18 @@ BATCH_DIVISIBLE_RULE = {
     f".format([{_SAMPLES_ARGS}, self.training.numStepsPerRollout])",
     "fieldPath": ".training.numStepsPerRollout",
 }
+_ENGINE_GPUS = (
+    "resources.rollout.gpus({gpus}) must be a positive multiple of rollout.gpusPerEngine({per_engine}) with "
+    "separate placement: the rollout GPUs are split into whole engines (0, one CPU pod, only with rollout.engine "
+    "builtin: SGLang needs GPUs)"
+)
 ENGINE_GPUS_RULE = {
     "rule": "!has(self.resources) || self.resources.placement != 'separate' || "
+    "(self.resources.rollout.gpus == 0 ? self.rollout.engine == 'builtin' : "
     "(self.resources.rollout.gpus >= self.rollout.gpusPerEngine && "
-    "self.resources.rollout.gpus % self.rollout.gpusPerEngine == 0)",
-    "messageExpression": "'resources.rollout.gpus(%d) must be a positive multiple of rollout.gpusPerEngine(%d) with "
-    "separate placement: the rollout GPUs are split into whole engines'.format([self.resources.rollout.gpus, "
-    "self.rollout.gpusPerEngine])",
+    "self.resources.rollout.gpus % self.rollout.gpusPerEngine == 0))",
+    "messageExpression": "'" + _ENGINE_GPUS.format(gpus="%d", per_engine="%d")
+    + "'.format([self.resources.rollout.gpus, self.rollout.gpusPerEngine])",
     "fieldPath": ".resources.rollout.gpus",
 }
 ASYNC_PLACEMENT_RULE = {
@@ -140,12 +145,9 @@ class RLJobSpec(SpecModel):
         if self.training.mode == "async" and self.resources.placement == "colocated":
             violations.append(("training.mode", _ASYNC_COLOCATED))
         gpus, per_engine = self.resources.rollout.gpus, self.rollout.gpus_per_engine
-        if self.resources.placement == "separate" and (gpus < per_engine or gpus % per_engine):
-            violations.append((
-                "resources.rollout.gpus",
-                f"resources.rollout.gpus({gpus}) must be a positive multiple of rollout.gpusPerEngine({per_engine}) "
-                "with separate placement: the rollout GPUs are split into whole engines",
-            ))
+        whole_engines = self.rollout.engine == "builtin" if gpus == 0 else gpus >= per_engine and not gpus % per_engine
+        if self.resources.placement == "separate" and not whole_engines:
+            violations.append(("resources.rollout.gpus", _ENGINE_GPUS.format(gpus=gpus, per_engine=per_engine)))
         violations += backend_violations(self)
         if violations:
             raise cross_field_error(violations)

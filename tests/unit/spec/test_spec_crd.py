@@ -324,6 +324,8 @@ CROSS_FIELD_CASES = [
      "spec.eval.datasets", False),
     ({"resources": {"placement": "separate", "rollout": {"gpus": 6}}, "rollout": {"batchSize": 16, "gpusPerEngine": 4}},
      "spec.resources.rollout.gpus", True),
+    ({"resources": {"placement": "separate", "rollout": {"gpus": 0}}, "rollout": {"batchSize": 16}},
+     "spec.resources.rollout.gpus", True),  # SGLang (the default engine) needs GPUs
     # separate-placement pod settings that colocated engines (in the trainer's pods) would not read
     ({"resources": {"placement": "colocated", "rollout": {"gpus": 4}}}, "spec.resources.rollout.gpus", True),
     ({"resources": {"placement": "colocated", "rollout": {"gpuResourceName": "amd.com/gpu"}}},
@@ -361,6 +363,9 @@ ACCEPTED_CASES = [
     {**MEGATRON, "parallelism": {"tensor": 4}, "resources": {"placement": "colocated", "trainer": {"nodes": 3, "gpusPerNode": 4}}},
     {**MEGATRON, "resources": {"placement": "colocated", "trainer": {"gpusPerNode": 0}}},
     {**MEGATRON, "model": {"preset": "tiny", "megatronArgs": {"num-layers": 2}}},
+    # a CPU job's rollout pod: the built-in engine on no GPUs
+    {"rollout": {"batchSize": 16, "engine": "builtin"}, "resources": {"placement": "separate", "rollout": {"gpus": 0},
+                                                                     "trainer": {"gpusPerNode": 0}}},
     # colocated with resources.rollout's defaults written out (as a dumped manifest has them)
     {"resources": {"placement": "colocated", "rollout": {"gpus": 8, "gpuResourceName": "nvidia.com/gpu",
                                                          "nodeSelector": {}, "tolerations": [], "affinity": {}}}},

@@ -11,7 +11,7 @@ from rlkube_runtime.spec.load import SpecError, load_documents, load_rljob, load
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
-EXPECTED = {"local-tiny.yaml", "qwen3-4b-grpo-colocated.yaml", "qwen3-4b-grpo-separate.yaml", "async-grpo.yaml", "multi-turn.yaml"}
+EXPECTED = {"local-tiny.yaml", "cluster-tiny.yaml", "qwen3-4b-grpo-colocated.yaml", "qwen3-4b-grpo-separate.yaml", "async-grpo.yaml", "multi-turn.yaml"}
 
 
 def test_the_documented_examples_exist():
