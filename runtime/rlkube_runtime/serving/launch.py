@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import http.client
 import json
 import os
 import pathlib
@@ -136,7 +137,9 @@ class ManagedProcess:
                     f"{what} exited with code {self.popen.returncode} before {url}{path} answered; "
                     f"last lines of {self.log_path}:\n{self.log_tail()}"
                 )
-            with contextlib.suppress(OSError, urllib.error.URLError):
+            # http.client.HTTPException: not HTTP at all, e.g. another program's gRPC server that
+            # took the free port first; the server's own start then fails, and a retry follows.
+            with contextlib.suppress(OSError, urllib.error.URLError, http.client.HTTPException):
                 status, body = http_request(method, url + path, timeout_s=request_timeout_s, api_key=api_key)
                 if status == 200:
                     return
@@ -184,8 +187,30 @@ class EngineProcess(ManagedProcess):
     def restart(self, *, name: str | None = None) -> EngineProcess:
         """Stop this engine and start the same one again on a fresh port (it must be re-registered)."""
         self.stop()
-        spec = dataclasses.replace(self.spec, name=name or self.spec.name)
-        return EngineProcess(spec, free_port(spec.host)).wait_ready()
+        return launch_ready(dataclasses.replace(self.spec, name=name or self.spec.name))
+
+
+# A port picked free can be taken by another program before the server binds it (the server then
+# exits saying so): start again on another port, this many times in all.
+PORT_ATTEMPTS = 3
+
+
+def port_was_taken(err: ProcessStartError) -> bool:
+    return "address already in use" in str(err).lower()
+
+
+def launch_ready(spec: EngineLaunchSpec, started: EngineProcess | None = None) -> EngineProcess:
+    """`started` (or a new engine of `spec` on a free port) once ready; started again on another
+    free port when its port turned out taken."""
+    engine = started or EngineProcess(spec, free_port(spec.host))
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return engine.wait_ready()
+        except ProcessStartError as err:
+            if attempt == PORT_ATTEMPTS or not port_was_taken(err):
+                raise
+        engine = EngineProcess(spec, free_port(spec.host))
+    raise AssertionError("unreachable")
 
 
 def engine_env(spec: EngineLaunchSpec, environ: Mapping[str, str], interfaces: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
@@ -278,7 +303,9 @@ def start_engine(
     engine's log if it exits or is not healthy within `startup_timeout_s`.
     """
     spec = engine_launch_spec(locals())
-    return EngineProcess(spec, port or free_port(host)).wait_ready()
+    if port is not None:  # the caller's port: no other to try
+        return EngineProcess(spec, port).wait_ready()
+    return launch_ready(spec)
 
 
 def start_engines(count: int, *, log_dir: str, name_prefix: str = "engine", seed: int = 0, **kwargs: Any) -> list[EngineProcess]:
@@ -294,7 +321,9 @@ def start_engines(count: int, *, log_dir: str, name_prefix: str = "engine", seed
         for i in range(count):
             spec = engine_launch_spec({**kwargs, "log_dir": log_dir, "name": f"{name_prefix}-{i}", "seed": seed + i})
             started.append(EngineProcess(spec, free_port(spec.host)))
-        return [engine.wait_ready() for engine in started]
+        for i, engine in enumerate(started):
+            started[i] = launch_ready(engine.spec, engine)
+        return started
     except BaseException:
         for engine in started:
             engine.stop()
@@ -321,6 +350,7 @@ class RouterProcess:
         self.log_path = pathlib.Path(log_dir) / "router.log"
         self.model_path = model_path
         self.host = host
+        self._own_ports = port is None and prometheus_port is None
         self.port = port or free_port(host)
         self.prometheus_port = prometheus_port or free_port(host)
         self.router_args = dict(router_args or {})
@@ -343,10 +373,19 @@ class RouterProcess:
         return command + cli_flags(self.router_args)
 
     def start(self) -> RouterProcess:
-        """Start the router and wait until it answers and every initial worker is healthy in it."""
-        self._process = ManagedProcess(self.command(), log_path=self.log_path)
-        self._process.wait_until_ready(self.url, "/workers", self.startup_timeout_s, "sglang-router",
-                                       api_key=self.api_key)
+        """Start the router and wait until it answers and every initial worker is healthy in it.
+        Ports it picked itself are picked again when another program took them first."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self._process = ManagedProcess(self.command(), log_path=self.log_path)
+            try:
+                self._process.wait_until_ready(self.url, "/workers", self.startup_timeout_s, "sglang-router",
+                                               api_key=self.api_key)
+                break
+            except ProcessStartError as err:
+                if attempt == PORT_ATTEMPTS or not port_was_taken(err) or not self._own_ports:
+                    raise
+            self.port, self.prometheus_port = free_port(self.host), free_port(self.host)
+            self.url = f"http://{self.host}:{self.port}"
         for url in self.initial_workers:
             self._wait_for(lambda url=url: self._find(url, healthy=True) is not None, f"worker {url} to become healthy")
         return self

@@ -58,3 +58,41 @@ def test_engine_is_ready_only_after_a_real_generation_and_a_successful_cache_flu
         "GET /health_generate 503", "GET /health_generate 503", "GET /health_generate 503", "GET /health_generate 200",
         "POST /flush_cache 400", "POST /flush_cache 200",
     ]
+
+
+# Speaks no HTTP: what the health poll meets when another program (here as Ray's gRPC servers do)
+# took the engine's port between free_port() and the engine's own bind.
+SQUATTER = r"""
+import socket, sys
+server = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+print("listening", flush=True)
+while True:
+    conn, _ = server.accept()
+    conn.sendall(bytes.fromhex("000018040000000000000400400000000500400000"))  # an HTTP/2 SETTINGS frame
+    conn.close()
+"""
+
+
+def test_an_engine_whose_port_another_program_took_starts_again_on_a_free_one(tmp_path, tiny_model_dir, monkeypatch):
+    import subprocess
+
+    from rlkube_runtime.serving import launch
+
+    taken = free_port()
+    squatter = subprocess.Popen([sys.executable, "-c", SQUATTER, str(taken)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "listening"
+        ports = iter([taken])
+        monkeypatch.setattr(launch, "free_port", lambda host="127.0.0.1": next(ports, None) or free_port(host))
+        engine = launch.start_engine(model_path=str(tiny_model_dir), log_dir=str(tmp_path), name="e", startup_timeout_s=120)
+        try:
+            assert engine.port != taken
+            status, _ = launch.http_request("GET", engine.url + "/health")
+            assert status == 200
+        finally:
+            engine.stop()
+    finally:
+        squatter.kill()
+        squatter.wait()
+    # The first engine said why it stopped; its log is the one the retry reused.
+    assert "address already in use" in (tmp_path / "e.log").read_text().lower()
