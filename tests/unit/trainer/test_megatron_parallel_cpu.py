@@ -50,7 +50,8 @@ def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, ckpt: str, resu
     again.load_distributed(ckpt)
     resumed = again.train_step(batch)
     if rank == 0:
-        torch.save((first, weights, second, resumed), result)
+        # Plain dicts: the result file is read back with weights_only=True, which loads no classes.
+        torch.save((dict(first), weights, dict(second), dict(resumed)), result)
     dist.destroy_process_group()
 
 
