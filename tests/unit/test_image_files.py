@@ -55,3 +55,11 @@ def test_the_trainer_and_rollout_images_share_their_steps_up_to_the_runtime_laye
     trainer, rollout = (_instructions(DOCKERFILES[i])[1:] for i in ("trainer", "rollout"))
     runtime_layer = next(i for i, s in enumerate(rollout) if 'pip install ".[runtime]"' in s)
     assert trainer[: runtime_layer + 1] == rollout[: runtime_layer + 1]
+
+
+@pytest.mark.parametrize("image", ["trainer", "rollout"])
+def test_the_ray_images_bring_wget_for_kuberays_probes(image):
+    # KubeRay's liveness and readiness probes of Ray pods are `wget` commands: without it no Ray pod
+    # becomes Ready and KubeRay never submits the job (found on the real node, Debian base).
+    [step] = [s for s in _instructions(DOCKERFILES[image]) if "wget" in s]
+    assert step.startswith("RUN command -v wget") and "apt-get install" in step
