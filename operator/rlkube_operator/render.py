@@ -39,9 +39,11 @@ from typing import Any
 import yaml
 from rlkube_runtime.spec.contract import (  # what the runtime inside the pods expects
     API_KEY_SECRET_KEY,
+    DRIVER_PID_FILE,
     ENTRYPOINT,
     ENV_API_KEY,
     ENV_ATTEMPT,
+    ENV_DRIVER_PID_FILE,
     ENV_METRICS_PORT,
     ENV_RLJOB_NAME,
     ENV_RLJOB_NAMESPACE,
@@ -53,6 +55,7 @@ from rlkube_runtime.spec.contract import (  # what the runtime inside the pods e
     ROUTER_RESOURCE,
     SPEC_FILE,
     SPEC_MOUNT_DIR,
+    STOP_DRIVER_COMMAND,
     TRAINER_RESOURCE,
     WRITABLE_DIR,
 )
@@ -486,7 +489,11 @@ def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, image: str, settings
     container["ports"] = copy.deepcopy(RAY_PORTS) + [
         {"name": RUNTIME_METRICS_PORT_NAME, "containerPort": RUNTIME_METRICS_PORT}
     ]
-    container["env"].append({"name": ENV_METRICS_PORT, "value": str(RUNTIME_METRICS_PORT)})
+    container["env"] += [{"name": ENV_METRICS_PORT, "value": str(RUNTIME_METRICS_PORT)},
+                         {"name": ENV_DRIVER_PID_FILE, "value": DRIVER_PID_FILE}]
+    # SIGTERM must reach the driver before Ray stops under it (spec/contract.py: ENV_DRIVER_PID_FILE);
+    # the pod's grace period bounds the wait.
+    container["lifecycle"] = {"preStop": {"exec": {"command": list(STOP_DRIVER_COMMAND)}}}
     # The head runs no GPU work; it takes the trainer's tolerations so it can share tainted GPU
     # nodes when those are all there is, but not its nodeSelector or affinity (it needs no GPU node).
     pod = _pod_spec(ref, spec, container, settings, node_selector={}, tolerations=trainer.tolerations, affinity={})

@@ -77,6 +77,17 @@ def _operator(args: argparse.Namespace) -> int:
     return run_operator(namespace=args.namespace, standalone=args.standalone, metrics_port=args.metrics_port)
 
 
+def _stop_driver(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from rlkube_runtime.run.stop import stop_driver
+    from rlkube_runtime.spec.contract import DRIVER_PID_FILE, ENV_DRIVER_PID_FILE
+
+    print(stop_driver(Path(args.pid_file or os.environ.get(ENV_DRIVER_PID_FILE) or DRIVER_PID_FILE)), flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkube", description="RL post-training as Kubernetes custom resources.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-rollouts", metavar="DIR", default=None,
                    help="with --debug-train-only: the rollout_<k>.jsonl dumps to train on (a run's <output>/rollouts)")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("stop-driver", help="SIGTERM this pod's `rlkube run` driver and wait until it has saved a "
+                       "checkpoint and exited (the Ray head pod's preStop hook)")
+    p.add_argument("--pid-file", default=None, help="the driver's pid file (default: $RLKUBE_DRIVER_PID_FILE, "
+                   "else the head pod's)")
+    p.set_defaults(func=_stop_driver)
 
     p = sub.add_parser("convert", help="convert weights between HF directories and megatron distributed checkpoints")
     conv = p.add_subparsers(dest="direction", required=True)

@@ -3,10 +3,15 @@ next point where a checkpoint can cover everything trained, saves it and exits 1
 
 from __future__ import annotations
 
+import atexit
+import os
+import signal
 import sys
 import time
+from pathlib import Path
 
 from rlkube_runtime.run import checkpoints
+from rlkube_runtime.spec.contract import ENV_DRIVER_PID_FILE
 
 
 class Preempted(Exception):
@@ -29,6 +34,9 @@ class StopRequest:
         request = cls()
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             signal.signal(signal.SIGTERM, request._note)
+            pid_file = os.environ.get(ENV_DRIVER_PID_FILE)
+            if pid_file:  # on the head pod: where its preStop hook finds this process
+                write_pid_file(Path(pid_file))
         return request
 
     @property
@@ -56,3 +64,50 @@ def stop_after(job, rollout_id: int, stop: StopRequest, *, trained_since_start: 
         f"stopped by SIGTERM after {waited:.1f} s; every trained rollout is in the checkpoint of rollout "
         f"{job.last_saved} in {job.plan.checkpoint_root}."
     )
+
+
+def write_pid_file(path: Path) -> None:
+    """This process's pid in `path` (written whole, then renamed), removed again at exit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(f"{os.getpid()}\n")
+    tmp.replace(path)
+    atexit.register(_remove_own_pid_file, path, os.getpid())
+
+
+def _remove_own_pid_file(path: Path, pid: int) -> None:
+    try:
+        if int(path.read_text()) == pid:
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def stop_driver(pid_file: Path, *, poll_s: float = 0.2) -> str:
+    """SIGTERM the driver named in `pid_file` and wait until it has exited (the head pod's preStop
+    hook; the kubelet ends the wait at the pod's grace period). What happened, in one line."""
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return f"no driver to stop: {pid_file} names none"
+    if not _is_driver(pid):
+        return f"no driver to stop: process {pid} of {pid_file} is no rlkube run"
+    started = time.monotonic()
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return f"driver {pid} had already exited"
+    while _is_driver(pid):
+        time.sleep(poll_s)
+    return f"driver {pid} exited {time.monotonic() - started:.1f} s after SIGTERM"
+
+
+def _is_driver(pid: int) -> bool:
+    """`pid` is a live (not zombie) `rlkube run` process: a stale pid file's number may have been
+    given to another process since."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and any(b"rlkube" in part for part in cmdline) and b"run" in cmdline

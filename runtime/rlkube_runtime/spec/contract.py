@@ -55,6 +55,15 @@ IMAGE_UID = 65532
 # output when spec.model.save is unset).
 WRITABLE_DIR = "/tmp"
 
+# How SIGTERM reaches the driver on the head pod. The head's PID 1 is `ray start`, whose SIGTERM
+# stops Ray under the driver (it would die mid-step without saving); so the head's preStop hook,
+# `rlkube stop-driver`, sends SIGTERM to the driver itself, found by the pid file the driver writes
+# where this variable says, and waits until it has saved and exited. Only then does the kubelet
+# SIGTERM PID 1, and the pod ends.
+ENV_DRIVER_PID_FILE = "RLKUBE_DRIVER_PID_FILE"
+DRIVER_PID_FILE = f"{WRITABLE_DIR}/rlkube-driver.pid"
+STOP_DRIVER_COMMAND = ("rlkube", "stop-driver")
+
 # The RLJob's spec, as a file from its ConfigMap, and the command that runs it on the head pod.
 SPEC_MOUNT_DIR = "/etc/rlkube"
 SPEC_FILE = "rljob.yaml"

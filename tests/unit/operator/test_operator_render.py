@@ -109,6 +109,15 @@ def test_head_is_cpu_only_with_the_trainer_image_and_the_ray_ports():
     assert "nodeSelector" not in head["template"]["spec"]
 
 
+def test_the_heads_prestop_hook_stops_the_driver_it_finds_by_its_pid_file():
+    _, rj = _render(SEPARATE)
+    head = _container(rj["spec"]["rayClusterSpec"]["headGroupSpec"])
+    assert head["lifecycle"] == {"preStop": {"exec": {"command": ["rlkube", "stop-driver"]}}}
+    assert {"name": "RLKUBE_DRIVER_PID_FILE", "value": "/tmp/rlkube-driver.pid"} in head["env"]
+    for group in _groups(rj).values():  # the driver runs on the head only
+        assert "lifecycle" not in _container(group)
+
+
 def test_the_head_asks_for_two_cpus_and_8gi_unless_the_job_sizes_it():
     _, rj = _render(SEPARATE)
     assert _container(rj["spec"]["rayClusterSpec"]["headGroupSpec"])["resources"] == {
