@@ -367,7 +367,7 @@ def worker_groups(spec: RLJobSpec, settings: OperatorSettings) -> list[WorkerGro
             replicas=replicas,
             gpus_per_pod=per_pod,
             image=rollout.image or trainer.image or settings.rollout_image,
-            ray_resources={ROLLOUT_RESOURCE: max(per_pod, 1), ROUTER_RESOURCE: 1},
+            ray_resources={ROLLOUT_RESOURCE: max(per_pod, 1)},
             pods=rollout,
         ),
     ]
@@ -497,8 +497,14 @@ def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, image: str, settings
     # The head runs no GPU work; it takes the trainer's tolerations so it can share tainted GPU
     # nodes when those are all there is, but not its nodeSelector or affinity (it needs no GPU node).
     pod = _pod_spec(ref, spec, container, settings, node_selector={}, tolerations=trainer.tolerations, affinity={})
+    params = {"num-gpus": "0"}
+    if spec.resources.placement != "colocated":
+        # Separate: the rollout manager and its router live on the head, which the job cannot lose
+        # without losing its driver too, so a lost rollout pod costs only its engines (restarted on
+        # the pod KubeRay makes in its place), not the attempt.
+        params["resources"] = ray_resources_param({ROUTER_RESOURCE: 1})
     return {
-        "rayStartParams": {"num-gpus": "0"},
+        "rayStartParams": params,
         "template": {"metadata": _template_metadata(ref, spec, attempt, "head"), "spec": pod},
     }
 

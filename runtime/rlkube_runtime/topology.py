@@ -11,7 +11,8 @@ each with a share of the CPUs, whatever the GPU counts in the spec say. A cluste
 spec's rollout GPUs would make.
 
 Inside a KubeRay cluster the operator labels pods with Ray custom resources (`rlkube_trainer` on
-trainer pods, `rlkube_rollout` and `rlkube_router` on rollout pods; all three on colocated ones);
+trainer pods, `rlkube_rollout` on rollout pods and `rlkube_router` on the head; all three on
+colocated trainer pods);
 with `pod_resources` the bundles ask for them, so each actor lands on a pod of its own group.
 """
 

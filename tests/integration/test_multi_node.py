@@ -2,9 +2,10 @@
 network namespace of its own: its own IP and its own loopback, a bridge between them, as pods on a
 cluster network have (../shared/FACTS.md).
 
-A head without rlkube resources (the RayJob's head pod, where the entrypoint runs: the driver runs
-in its namespace) and four worker nodes with their pod group's Ray resources: two trainer pods
-(`rlkube_trainer`) and two rollout pods (`rlkube_rollout`, `rlkube_router`). Any connection to
+A head with the router's resource (the RayJob's head pod, where the entrypoint runs: the driver
+runs in its namespace, the rollout manager and its router beside it) and four worker nodes with
+their pod group's Ray resources: two trainer pods (`rlkube_trainer`) and two rollout pods
+(`rlkube_rollout`). Any connection to
 127.0.0.1, or to whatever the host name resolves to (127.0.0.1 on this machine), reaches the
 dialler's own namespace and fails: the trainer ranks' gloo group, the weight-update groups from
 trainer to engines, the engines and the router all have to use the nodes' addresses. Needs root
@@ -34,11 +35,11 @@ TAG = os.getpid() % 250
 SUBNET = f"10.77.{TAG}"
 BRIDGE = f"rlk{TAG}br"
 NODES = {  # namespace: (address, the Ray resources the operator gives that pod group)
-    f"rlk{TAG}-head": (f"{SUBNET}.2", {}),
+    f"rlk{TAG}-head": (f"{SUBNET}.2", {"rlkube_router": 1}),
     f"rlk{TAG}-trainer0": (f"{SUBNET}.3", {"rlkube_trainer": 1}),
     f"rlk{TAG}-trainer1": (f"{SUBNET}.4", {"rlkube_trainer": 1}),
-    f"rlk{TAG}-rollout0": (f"{SUBNET}.5", {"rlkube_rollout": 1, "rlkube_router": 1}),
-    f"rlk{TAG}-rollout1": (f"{SUBNET}.6", {"rlkube_rollout": 1, "rlkube_router": 1}),
+    f"rlk{TAG}-rollout0": (f"{SUBNET}.5", {"rlkube_rollout": 1}),
+    f"rlk{TAG}-rollout1": (f"{SUBNET}.6", {"rlkube_rollout": 1}),
 }
 HEAD_NS = f"rlk{TAG}-head"
 HEAD = f"{NODES[HEAD_NS][0]}:6379"  # a namespace of its own: the default port is free
@@ -168,12 +169,12 @@ def test_trainer_pods_and_rollout_pods_meet_at_their_node_addresses_and_learn(tm
     groups = [g for r in trained for g in r["group_indices"]]
     assert groups == list(range(ROLLOUTS * PROMPTS_PER_ROLLOUT)), groups
 
-    # Each engine served on its rollout node's address, one per node; the router on a rollout node.
+    # Each engine served on its rollout node's address, one per node; the router on the head's.
     rollout_nodes = sorted(address for address, resources in NODES.values() if "rlkube_rollout" in resources)
     logs = out / "logs"
     engine_hosts = sorted(_flag(log, "--host") for log in logs.glob("engine-*.log"))
     assert engine_hosts == rollout_nodes, engine_hosts
-    assert _flag(logs / "router.log", "--host") in rollout_nodes
+    assert _flag(logs / "router.log", "--host") == NODES[HEAD_NS][0]
 
 
 def _flag(log: Path, flag: str) -> str:

@@ -419,8 +419,9 @@ def test_a_separate_rljob_gets_trainer_and_rollout_pods(operator, ns, tmp_path):
     rayjob = get_or_none(cp, ns, "rayjob", "sep-0")
     groups = {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
     assert json.loads(groups["trainer"]["rayStartParams"]["resources"].strip("'")) == {"rlkube_trainer": 4}
-    assert json.loads(groups["rollout"]["rayStartParams"]["resources"].strip("'")) == {
-        "rlkube_rollout": 4, "rlkube_router": 1}
+    assert json.loads(groups["rollout"]["rayStartParams"]["resources"].strip("'")) == {"rlkube_rollout": 4}
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert json.loads(head["rayStartParams"]["resources"].strip("'")) == {"rlkube_router": 1}
     wait_phase(cp, ns, "sep", "Starting")
 
 

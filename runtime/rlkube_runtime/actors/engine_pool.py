@@ -137,29 +137,31 @@ class EnginePool:
                 log.warning("could not deregister engine %s from the router at shutdown: %s", url, err)
 
     def _create_engines(self) -> list[Any]:
-        """One EngineActor per engine bundle (not started yet), its arguments read from the spec by
-        `engine_actor_options` (seed = training.seed + the engine's index)."""
+        """One EngineActor per engine bundle (not started yet)."""
+        return [self._create_engine(j) for j in range(len(self.config.engine_bundles))]
+
+    def _create_engine(self, j: int) -> Any:
+        """Engine j's EngineActor in its bundle, its arguments read from the spec by
+        `engine_actor_options` (seed = training.seed + the engine's index). Also for an engine
+        whose actor died with its pod: Ray places the bundle again on the pod that replaces it."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        actor_cls = ray.remote(EngineActor)
-        engines = []
         config = self.config
-        for j, bundle in enumerate(config.engine_bundles):
-            options: dict[str, Any] = {
-                "num_cpus": config.engine_resources.get("CPU", 0),
-                "num_gpus": config.engine_resources.get("GPU", 0),
-            }
-            if config.placement_group is not None and bundle is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=config.placement_group, placement_group_bundle_index=bundle
-                )
-            gpus = config.engine_gpu_ids[j] if j < len(config.engine_gpu_ids) else ()
-            arguments = engine_actor_options(
-                self.spec, j, model_path=config.model_path, log_dir=config.log_dir, device=config.device, gpu_ids=gpus
+        bundle = config.engine_bundles[j]
+        options: dict[str, Any] = {
+            "num_cpus": config.engine_resources.get("CPU", 0),
+            "num_gpus": config.engine_resources.get("GPU", 0),
+        }
+        if config.placement_group is not None and bundle is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=config.placement_group, placement_group_bundle_index=bundle
             )
-            engines.append(actor_cls.options(**options).remote(**arguments))
-        return engines
+        gpus = config.engine_gpu_ids[j] if j < len(config.engine_gpu_ids) else ()
+        arguments = engine_actor_options(
+            self.spec, j, model_path=config.model_path, log_dir=config.log_dir, device=config.device, gpu_ids=gpus
+        )
+        return ray.remote(EngineActor).options(**options).remote(**arguments)
 
     # -- weights --------------------------------------------------------------------------
 
@@ -310,7 +312,7 @@ class EnginePool:
         while True:
             self._count_restart(j)
             try:
-                new = await self._engines[j].restart.remote()
+                new = await self._restarted(j)
                 if self._synced_version is not None:
                     await self._pause(new)
                     report = await self._push(self._synced_version, [j], urls={j: new})
@@ -331,6 +333,18 @@ class EnginePool:
             "weight_version": serving, "synced_version": self._synced_version,
             "detected_at": detected_at, "joined_at": time.time(),
         })
+
+    async def _restarted(self, j: int) -> str:
+        """Engine j started again by its actor; when the actor died (its pod or Ray node is gone),
+        by a new actor in the same bundle, which waits for the pod that replaces it."""
+        from ray.exceptions import RayActorError
+
+        try:
+            return await self._engines[j].restart.remote()
+        except RayActorError as err:
+            log.warning("engine %d: its actor is gone (%s); starting a new one in its bundle", j, type(err).__name__)
+            self._engines[j] = self._create_engine(j)
+            return await self._engines[j].start.remote()
 
     def _journal_replacement(self, record: dict[str, Any]) -> None:
         """One line per replaced engine in `<log dir>/engine_restarts.jsonl`: which engine, the

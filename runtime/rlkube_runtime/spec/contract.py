@@ -14,8 +14,9 @@ from pydantic import BaseModel
 from .rljob import NAME_MAX_LENGTH, RLJobSpec
 
 # Ray custom resources the operator gives each worker group, one unit per GPU (or per pod without
-# GPUs); the runtime's placement-group bundles ask for them, so trainer ranks, engines and the
-# router land on the pods meant for them.
+# GPUs), and the router's to the head of a separate job (to the trainer pods of a colocated one);
+# the runtime's placement-group bundles ask for them, so trainer ranks, engines and the router
+# land on the pods meant for them.
 TRAINER_RESOURCE = "rlkube_trainer"
 ROLLOUT_RESOURCE = "rlkube_rollout"
 ROUTER_RESOURCE = "rlkube_router"

@@ -75,7 +75,9 @@ def test_separate_placement_has_a_trainer_group_and_a_rollout_group_of_whole_eng
     # 16 rollout GPUs in engines of 2: two pods of 8 GPUs (4 engines each).
     assert rollout["replicas"] == 2
     assert _container(rollout)["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert _ray_resources(rollout) == {render.ROLLOUT_RESOURCE: 8, render.ROUTER_RESOURCE: 1}
+    assert _ray_resources(rollout) == {render.ROLLOUT_RESOURCE: 8}
+    # The router (and the rollout manager it runs in) on the head: losing a rollout pod loses engines only.
+    assert _ray_resources(rj["spec"]["rayClusterSpec"]["headGroupSpec"]) == {render.ROUTER_RESOURCE: 1}
 
 
 def test_colocated_placement_has_one_gpu_group_carrying_trainer_and_engine_resources():
@@ -87,6 +89,7 @@ def test_colocated_placement_has_one_gpu_group_carrying_trainer_and_engine_resou
     assert _container(trainer)["image"] == "reg/trainer:1"
     assert _container(trainer)["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert _ray_resources(trainer) == {render.TRAINER_RESOURCE: 4, render.ROLLOUT_RESOURCE: 4, render.ROUTER_RESOURCE: 1}
+    assert "resources" not in rj["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]
 
 
 def test_ray_resources_use_kuberays_single_quoted_json():
@@ -99,7 +102,7 @@ def test_ray_resources_use_kuberays_single_quoted_json():
 def test_head_is_cpu_only_with_the_trainer_image_and_the_ray_ports():
     _, rj = _render(SEPARATE)
     head = rj["spec"]["rayClusterSpec"]["headGroupSpec"]
-    assert head["rayStartParams"] == {"num-gpus": "0"}
+    assert head["rayStartParams"]["num-gpus"] == "0"
     container = _container(head)
     assert container["image"] == "reg/custom-trainer:7"
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
