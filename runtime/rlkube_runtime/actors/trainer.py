@@ -198,6 +198,13 @@ class TrainerWorker:
     def restore(self) -> None:
         self.backend.restore()
 
+    def close(self) -> None:
+        """Leave the process group together (a barrier, then destroy): a rank whose process ends
+        with the group alive, or while a peer still uses it, aborts in gloo's threads."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
 
 def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, master_port: int, address: str) -> None:
     """The default process group of the trainer ranks: they meet at rank 0's node, check that each

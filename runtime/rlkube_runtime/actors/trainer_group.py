@@ -105,6 +105,12 @@ class TrainerGroup:
     def restore(self) -> None:
         self._all("restore")
 
+    def close(self, timeout: float = 60) -> None:
+        """Every rank leaves the process group at once (TrainerWorker.close) before Ray ends them."""
+        import ray
+
+        ray.get([handle.close.remote() for handle in self.handles], timeout=timeout)
+
     def last_advantages(self, count: int) -> list[list[float]]:
         import ray
 

@@ -36,7 +36,7 @@ def run_job(plan: RunPlan, *, resume: bool = True) -> None:
             hf_export = job.trainers.export_hf(plan.output_dir / "hf")
         finished = True
     finally:
-        shutdown(job, local=cluster == "local")
+        shutdown(job, local=cluster == "local", finished=finished)
         # Also after a stop or a failure: what was done and how to go on (the cause follows).
         print(job.report.summary_block(job.last_saved, job.last_saved_path, hf_export, finished=finished), flush=True)
 
@@ -123,7 +123,7 @@ def finish_rollout(job: Job, rollout_id: int, metrics, saved, step_start: float)
     job.report.rollout(rollout_id, metrics, saved, seconds=time.monotonic() - step_start, new_engine_restarts=restarts)
 
 
-def shutdown(job: Job, *, local: bool) -> None:
+def shutdown(job: Job, *, local: bool, finished: bool) -> None:
     import logging
 
     import ray
@@ -134,5 +134,11 @@ def shutdown(job: Job, *, local: bool) -> None:
             job.rollouts.shutdown(timeout=60)
         except Exception as err:  # shutting down after a failure must not hide that failure
             logging.getLogger("rlkube.run").warning("rollout manager shutdown failed: %s", err)
+    # After a failure a rank may be gone, and the others' barrier would wait for it: Ray ends them.
+    if finished and job.trainers is not None:
+        try:
+            job.trainers.close(timeout=60)
+        except Exception as err:  # e.g. a rank already dead: the others are ended by Ray
+            logging.getLogger("rlkube.run").warning("trainer shutdown failed: %s", err)
     if local:
         ray.shutdown()

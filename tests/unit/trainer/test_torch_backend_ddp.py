@@ -48,6 +48,7 @@ def _worker(rank: int, world_size: int, init_file: str, checkpoint: str, out: st
         results = {flag: run_steps(checkpoint, flag) for flag in (False, True)}
         if rank == 0:
             torch.save(results, out)
+        dist.barrier()  # neither rank leaves while the other still uses the group (gloo aborts)
     finally:
         dist.destroy_process_group()
 
