@@ -21,6 +21,8 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=../scripts/debian_install.sh
+source "$REPO/scripts/debian_install.sh"
 cd "$REPO"
 VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -1)"
 TAG="${RLKUBE_IMAGE_TAG:-$VERSION}"
@@ -40,21 +42,10 @@ BASE_SUITE="bookworm"
 log() { printf '[images] %s\n' "$*"; }
 
 need_packages() {
-  local missing=() sudo=""
+  local missing=()
   command -v buildah >/dev/null || missing+=(buildah)
   command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
-  [[ ${#missing[@]} -eq 0 ]] && return 0
-  command -v apt-get >/dev/null || { echo "missing ${missing[*]} and no apt-get to install them" >&2; exit 1; }
-  if [[ $EUID -ne 0 ]]; then
-    command -v sudo >/dev/null || { echo "installing ${missing[*]} needs root: apt-get install -y ${missing[*]}" >&2; exit 1; }
-    sudo="sudo"
-  fi
-  log "installing ${missing[*]} from Debian ..."
-  export DEBIAN_FRONTEND=noninteractive
-  if ! $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
-    $sudo apt-get update -qq
-    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  debian_install images "${missing[@]}"
 }
 
 # CA certificates this machine trusts beyond Debian's (a TLS-inspecting proxy's): pip inside a

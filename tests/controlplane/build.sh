@@ -13,6 +13,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../../scripts/debian_install.sh
+source "$HERE/../../scripts/debian_install.sh"
 set -a
 # shellcheck source=versions.env
 source "$HERE/versions.env"
@@ -132,19 +134,7 @@ copy_asset() {
 }
 
 install_prometheus() {
-  local t0; t0=$(date +%s)
-  log "installing prometheus and promtool from Debian ..."
-  local sudo=""
-  if [[ $EUID -ne 0 ]]; then
-    command -v sudo >/dev/null || { echo "prometheus is missing and installing it needs root: apt-get install -y prometheus" >&2; exit 1; }
-    sudo="sudo"
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  if ! $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; then
-    $sudo apt-get update -qq
-    $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  fi
-  log "installed prometheus in $(( $(date +%s) - t0 )) s"
+  debian_install controlplane prometheus
 }
 
 main() {

@@ -13,6 +13,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../../scripts/debian_install.sh
+source "$HERE/../../scripts/debian_install.sh"
 CONTROLPLANE="$(cd "$HERE/../controlplane" && pwd)"
 set -a
 # shellcheck source=../controlplane/versions.env
@@ -52,7 +54,8 @@ missing_packages() {
   local p pkg cmd
   for p in "${PACKAGES[@]}"; do
     IFS='|' read -r pkg cmd _ <<<"$p"
-    command -v "$cmd" >/dev/null 2>&1 || echo "$pkg"
+    # A command on PATH, or a file the package provides (stdlib.h is not executable: command -v misses it).
+    if [[ "$cmd" == /* ]]; then [[ -e "$cmd" ]] || echo "$pkg"; else command -v "$cmd" >/dev/null 2>&1 || echo "$pkg"; fi
   done
 }
 
@@ -81,19 +84,8 @@ check_package_pins() {
 }
 
 install_packages() {
-  local t0 pkgs=("$@") sudo=""
-  t0=$(date +%s)
-  log "installing ${pkgs[*]} from Debian ..."
-  if [[ $EUID -ne 0 ]]; then
-    command -v sudo >/dev/null || { echo "installing ${pkgs[*]} needs root: apt-get install -y ${pkgs[*]}" >&2; exit 1; }
-    sudo="sudo"
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  if ! $sudo apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null 2>&1; then
-    $sudo apt-get update -qq
-    $sudo apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-  fi
-  log "installed ${pkgs[*]} in $(( $(date +%s) - t0 )) s"
+  local t0; t0=$(date +%s)
+  debian_install node "$@"
   echo "apt-get $(( $(date +%s) - t0 ))" >> "$DEST/build-times.txt"
 }
 
