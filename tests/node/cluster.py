@@ -119,9 +119,11 @@ def up() -> int:
 One-node cluster up in {time.monotonic() - t0:.0f} s (node {node.NODE_NAME}, API server {json.loads(READY_FILE.read_text())['server']}).
 
     export KUBECONFIG={KUBECONFIG}
-    kubectl get nodes                  # the control plane's kubectl: {cache_dir() / 'bin' / 'kubectl'}
-    images/build.sh operator trainer   # builds rlkube's images and loads them into the node
-    helm install rlkube charts/rlkube  # the operator, with the images above
+    export PATH={cache_dir() / 'bin'}:$PATH   # kubectl and helm of the control plane
+    kubectl get nodes
+    helm install rlkube charts/rlkube  # the operator (make cluster loaded rlkube/operator and rlkube/rollout)
+    kubectl apply -f manifests/cluster/checkpoints-pvc.yaml -f manifests/examples/cluster-tiny.yaml
+    kubectl get rljobs -w              # Pending -> Running -> Succeeded
 
 StorageClass {node.STORAGE_CLASS} (default) gives PVCs a directory under {node.VOLUMES}; the KubeRay operator runs.
 Logs: {LOGS}. Stop it with `make cluster-down`.""")

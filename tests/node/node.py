@@ -854,7 +854,12 @@ class Cluster:
 
     def __init__(self, logs_dir: str | os.PathLike | None = None, kuberay: bool = True, fake_nodes: int = 0,
                  lock_timeout: float = 900) -> None:
-        cp = ControlPlane(nodes=fake_nodes, start_kuberay=kuberay, logs_dir=logs_dir, node_address=node_ip())
+        # KubeRay's operator runs on this machine, outside the cluster network: it cannot resolve the
+        # head Service's cluster DNS name it reaches the Ray dashboard by (job submission and status),
+        # so it goes through the API server's service proxy instead, as KubeRay does when run
+        # outside a cluster (without it a RayJob stays Running with no job status).
+        cp = ControlPlane(nodes=fake_nodes, start_kuberay=kuberay, logs_dir=logs_dir, node_address=node_ip(),
+                          extra_args={"kuberay-operator": ["--use-kubernetes-proxy"]})
         self.control_plane = cp
         self.node = RealNode(cp, logs_dir=logs_dir, lock_timeout=lock_timeout)
         self.timings: dict[str, float] = {}
