@@ -1,7 +1,7 @@
 """The Helm chart charts/rlkube for real: installed with the pinned helm into the test control plane,
 its ServiceAccount's permissions asked of the API server, the operator run under that
-ServiceAccount, and the dashboards' queries run against a real Prometheus scraping a real
-`rlkube run` and a real `rlkube operator`.
+ServiceAccount, and the operator dashboard's queries run against a real Prometheus scraping it
+(the training dashboard's, against the job's pods on the real node: tests/pods/test_rljobs.py).
 
 kwok runs no containers, so the chart's operator pod never really runs (the image is not even
 pulled): the operator runs as a local subprocess instead, authenticated with a token of the chart's
@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import socket
-import subprocess
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from harness import ControlPlane, ControlPlaneError
-from local_runs import read_jsonl, start_run, write_local_tiny
+from prometheus_server import Prometheus, PrometheusMissing
+from prometheus_server import assert_every_query_returns_data as shared_assert_every_query_returns_data
 from operator_fixtures import (
     OperatorProcess,
     apply_file,
@@ -37,7 +33,6 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rlkube"
 RELEASE, NAMESPACE, SA = "rlkube", "rlkube-system", "rlkube"
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{SA}"
-PROMETHEUS = "/usr/bin/prometheus"
 
 # The unit test module holds the chart helpers (render, dashboard_queries, exported_series, ...).
 _spec = importlib.util.spec_from_file_location("chart_render", REPO / "tests" / "unit" / "test_chart_render.py")
@@ -51,89 +46,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
-
-class Prometheus:
-    """The real Prometheus (Debian's /usr/bin/prometheus) scraping `targets` every second."""
-
-    def __init__(self, workdir: Path, targets: dict[str, str]):
-        if not os.access(PROMETHEUS, os.X_OK):
-            pytest.fail(f"{PROMETHEUS} is missing: run `{chart.BUILD_COMMAND}` (it installs Debian's prometheus)",
-                        pytrace=False)
-        self.workdir = workdir
-        self.port = free_port()
-        config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
-                               for job, target in targets.items()],
-        }
-        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.log = workdir / "prometheus.log"
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        try:
-            wait_until(self._ready, 60, "Prometheus to be ready")
-        except BaseException:
-            self.stop()
-            raise
-
-    def _ready(self) -> bool:
-        assert self.process.poll() is None, f"prometheus exited:\n{self.log.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def query_range(self, expr: str, start: float, end: float) -> list[dict]:
-        """Series the expression returns at any second in [start, end] (query_range, step 1 s):
-        also what a run that has ended already had, without staleness in the way."""
-        params = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"})
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v1/query_range?{params}", timeout=10) as resp:
-                body = json.load(resp)
-        except urllib.error.HTTPError as exc:  # 400: the expression does not parse
-            raise AssertionError(f"Prometheus refused {expr!r}: {exc.read().decode(errors='replace')}") from None
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    def up(self, job: str) -> bool:
-        return bool(self.query_range(f'up{{job="{job}"}} == 1', time.time() - 5, time.time()))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-
 def assert_every_query_returns_data(prom: Prometheus, queries, start: float, timeout: float) -> None:
-    """Polls until each dashboard query has returned data at some point since `start`."""
-    pending = {(f, w, e) for f, w, e in queries}
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        for item in sorted(pending):
-            if prom.query_range(chart.for_prometheus(item[2]), start, time.time()):
-                pending.discard(item)
-        if pending:
-            time.sleep(1)
-    assert not pending, "dashboard queries without data:\n" + "\n".join(f"  {f} / {w}: {e}" for f, w, e in sorted(pending))
+    shared_assert_every_query_returns_data(prom, queries, start, timeout, translate=chart.for_prometheus)
+
+
+def start_prometheus(workdir: Path, targets: dict[str, str]) -> Prometheus:
+    try:
+        return Prometheus(workdir, targets)
+    except PrometheusMissing as err:
+        pytest.fail(str(err), pytrace=False)
 
 
 # --- the chart in the control plane --------------------------------------------------------------------
@@ -243,7 +164,7 @@ def test_the_operator_runs_under_the_chart_service_account_and_its_panels_get_da
     prom = None
     try:
         operator.start()
-        prom = Prometheus(tmp_path, {"rlkube-operator": f"127.0.0.1:{operator.metrics_port}"})
+        prom = start_prometheus(tmp_path, {"rlkube-operator": f"127.0.0.1:{operator.metrics_port}"})
         start = time.time() - 5
         assert apply_file(cp, tmp_path / "job.yaml", small_rljob("chart"), ns).returncode == 0
 
@@ -280,41 +201,3 @@ def test_helm_uninstall_removes_what_it_installed_but_keeps_the_crd(release):
                 and not any(exists(cp, k, n) for k, n in CLUSTER_OBJECTS), 60, "the release's objects to go")
     assert not can_i(cp, "create", "rayjobs.ray.io", "-n", "team-a")
     assert exists(cp, "crd", "rljobs.rlkube.io")
-
-
-# --- a real scrape of a real training run ---------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_every_training_panel_returns_data_from_a_real_run(tmp_path):
-    """`rlkube run` of local-tiny (15 rollouts, KL loss on so rlkube_kl moves, a checkpoint and an
-    evaluation every 3 rollouts) serving /metrics, scraped every second by the real Prometheus; every query of the
-    training dashboard returns data once the run has logged several rollouts."""
-    job = write_local_tiny(
-        tmp_path,
-        "local-tiny",
-        **{
-            "spec.training.numRollout": 15,
-            "spec.checkpoint.interval": 3,
-            "spec.algorithm.useKlLoss": True,
-            "spec.algorithm.klLossCoef": 0.001,
-            # The eval panels: per-dataset reward, accuracy, length and pass@k.
-            "spec.eval": {"interval": 3, "datasets": [
-                {"name": "successor", "path": "builtin:digit-successor", "nSamples": 4, "passK": [1, 4]}]},
-        },
-    )
-    out = tmp_path / "out"
-    port = free_port()
-    prom = Prometheus(tmp_path, {"rlkube-run": f"127.0.0.1:{port}"})  # stops itself if it fails to start
-    start = time.time()
-    run = None
-    try:
-        run = start_run(job, out, env={"RLKUBE_METRICS_PORT": str(port)})
-        run.wait_until(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 7, "7 rollouts logged", timeout_s=180)
-        training_queries = [q for q in chart.dashboard_queries() if q[0] == "rlkube-training.json"]
-        assert_every_query_returns_data(prom, training_queries, start, timeout=30)
-        assert run.wait(timeout_s=180) == 0, run.output[-4000:]
-    finally:
-        if run is not None:
-            run.kill()
-        prom.stop()

@@ -155,20 +155,3 @@ def test_a_claim_of_the_default_storage_class_binds_and_a_pod_writes_to_it(clust
     cluster.wait_for(lambda: cluster.kubectl("get", "pv", volume, check=False).returncode != 0, 30,
                      f"PersistentVolume {volume} deleted")
     assert not Path(VOLUMES / volume).exists()
-
-
-def test_the_chart_installs_an_operator_that_becomes_ready(cluster, namespace, operator_image):
-    # The release name the README uses: its Service rlkube-metrics once turned, through service
-    # links, into RLKUBE_METRICS_PORT=tcp://... in the operator's pod, which crashed on it.
-    chart = Path(__file__).resolve().parents[2] / "charts" / "rlkube"
-    t0 = time.monotonic()
-    cluster.helm("install", "rlkube", str(chart), "--namespace", namespace, "--wait", "--timeout", "120s")
-    try:
-        deployment = cluster.get_json("deployment", "-n", namespace, "rlkube")
-        assert deployment["status"].get("availableReplicas") == 1
-        [pod] = cluster.get_json("pods", "-n", namespace, "-l", "app.kubernetes.io/name=rlkube")["items"]
-        assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
-        assert pod["spec"]["containers"][0]["image"] == operator_image
-        print(f"operator Ready {time.monotonic() - t0:.1f} s after helm install")
-    finally:
-        cluster.helm("uninstall", "rlkube", "--namespace", namespace, "--wait")
