@@ -26,7 +26,7 @@ SCENARIOS = (
     "trainer SIGKILL mid-step -> resume",
     "driver SIGKILL mid-step -> resume",
     "driver SIGTERM mid-rollout -> checkpoint -> resume",
-    "driver SIGTERM on Kubernetes -> preemption -> next attempt",
+    "head pod deleted on a real node -> preStop, SIGTERM -> preemption -> next attempt",
     "corrupt + half-written latest checkpoints -> newest intact one",
     "disk full during a save -> clear error -> resume",
     "operator SIGKILL mid-reconcile -> restart",
@@ -38,13 +38,13 @@ HEADER = ("scenario", "groups lost", "groups trained twice", "samples, versions,
 SHOWN = {"groups_lost", "groups_trained_twice", "samples_lost", "samples_trained_twice", "samples_as_reference",
          "weight_versions_as_reference", "weights_as_reference", "rollouts_redone", "measured_at",
          "engine_serving_again_s", "attempt_training_again_s", "operator_reconciled_all_s",
-         "new_rljob_reconciled_after_s", "operator_started_next_attempt_s"}
+         "new_rljob_reconciled_after_s", "next_attempt_training_s"}
 RECOVERY = (
     ("engine_serving_again_s", "engine serving again {} s after the kill"),
     ("attempt_training_again_s", "new attempt training again {} s after its start"),
     ("operator_reconciled_all_s", "all RLJobs reconciled {} s after the operator's restart"),
     ("new_rljob_reconciled_after_s", "new RLJob reconciled {} s after the API server was back"),
-    ("operator_started_next_attempt_s", "next attempt created {} s after the Ray job was reported failed"),
+    ("next_attempt_training_s", "next attempt training again {} s after the head pod's deletion"),
 )
 
 

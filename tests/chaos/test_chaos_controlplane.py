@@ -14,9 +14,8 @@ import time
 import pytest
 import yaml
 from chaos_outcome import record_figures
-from local_runs import read_jsonl
+from harness import ControlPlane
 from operator_fixtures import OperatorProcess, apply_file, get_or_none, kubectl_json
-from test_entrypoint_as_pod import submitters_follow_their_ray_job  # noqa: F401 - a fixture used here
 from test_operator import crd_installed, ns, rljob_yaml  # noqa: F401 - fixtures used here
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
@@ -24,6 +23,34 @@ pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 JOBS = [f"batch-{i}" for i in range(6)]
 # How far along a job is; a status may only move up this order while nothing fails.
 PHASE_ORDER = {None: 0, "Pending": 1, "Queued": 2, "Starting": 3, "Running": 4}
+
+
+@pytest.fixture
+def submitters_follow_their_ray_job(crd_installed: ControlPlane, ns: str):  # noqa: F811
+    """A kwok Stage that keeps this namespace's Job pods (KubeRay's submitters) Running, as
+    `ray job submit` would until its Ray job ends (an hour here): kwok's stock stage completes Job
+    pods at once, and KubeRay fails a RayJob whose submitter finished before its Ray job did. It
+    outweighs the stock pod-complete stage (weight 0) for these pods only."""
+    cp = crd_installed
+    stage = f"rlkube-test-submitter-follows-job-{ns}"
+    complete = kubectl_json(cp, "get", "stage.kwok.x-k8s.io", "pod-complete")  # kwok's stock stage
+    cp.apply_yaml(yaml.safe_dump({
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": stage},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {"matchExpressions": [
+                {"key": ".metadata.namespace", "operator": "In", "values": [ns]},
+                *complete["spec"]["selector"]["matchExpressions"],  # not deleting, Running, owned by a Job
+            ]},
+            "weight": 1,
+            "delay": {"durationMilliseconds": 3_600_000},
+            "next": complete["spec"]["next"],  # then it completes, as the stock stage does at once
+        },
+    }))
+    yield
+    cp.kubectl("delete", "stage.kwok.x-k8s.io", stage, "--wait=false", check=False)
 
 
 @pytest.fixture
@@ -168,70 +195,3 @@ def test_apiserver_restart_the_operators_watch_recovers_and_a_new_rljob_is_recon
     assert rayjobs == {"before": ["before-0"], "after": ["after-0"]}, rayjobs
     assert watch.regressions() == [], watch.history
     assert operator.alive()
-
-
-def test_driver_sigterm_on_kubernetes_is_a_preemption_resumed_at_once_and_not_counted_as_a_failure(
-    operator, ns, tmp_path, submitters_follow_their_ray_job  # noqa: F811
-):
-    """The rendered entrypoint run as its head pod would (tests/integration/test_entrypoint_as_pod.py),
-    SIGTERMed mid-run: it saves, writes status.lastPreemption and exits 143; the operator starts
-    the next attempt at once, counting a preemption, and that attempt resumes with nothing redone."""
-    from test_entrypoint_as_pod import NAME, RESUMING, _start_attempt, cpu_rljob
-    from test_operator import rljob_events, stand_in_ray_job_status, wait_phase, wait_rljob
-
-    cp = operator.cp
-    save = tmp_path / "pod-volume" / NAME
-    assert apply_file(cp, tmp_path / "job.yaml", cpu_rljob(save), ns).returncode == 0
-    wait_rljob(cp, ns, NAME, "attempt 0 created", lambda o: (o.get("status") or {}).get("rayJobName"))
-    runs = []
-    try:
-        run = _start_attempt(cp, ns, tmp_path, save, 0)
-        runs.append(run)
-        run.wait_until(lambda: ((get_or_none(cp, ns, "rljob", NAME) or {}).get("status") or {}).get("lastCheckpoint"),
-                       "the first checkpoint in the RLJob's status", 300)
-        run.proc.send_signal(signal.SIGTERM)
-        assert run.wait(timeout_s=120) == 143, run.output[-3000:]
-        status = get_or_none(cp, ns, "rljob", NAME)["status"]
-        preemption = status["lastPreemption"]
-        assert preemption["attempt"] == 0 and preemption["rollout"] >= 2, preemption
-
-        # Stand-in for Ray's job server: the entrypoint exited 143, so the Ray job FAILED.
-        stand_in_ray_job_status(cp, ns, f"{NAME}-0", "FAILED", "Failed", reason="AppFailed",
-                                message="Job entrypoint command failed with exit code 143")
-        failed_at = time.monotonic()
-        rljob = wait_rljob(cp, ns, NAME, "attempt 1 after the preemption",
-                           lambda o: (o.get("status") or {}).get("rayJobName") == f"{NAME}-1", timeout=60)
-        decided = time.monotonic() - failed_at
-        assert rljob["status"]["restarts"]["job"] == 1 and rljob["status"]["restarts"]["preemptions"] == 1
-        [preempted] = [e for e in rljob_events(cp, ns, NAME) if e["reason"] == "Preempted"]
-        assert preempted["type"] == "Normal"
-        assert "not counted against faultTolerance.backoffLimit(1)" in preempted["message"], preempted
-
-        started = time.monotonic()
-        run = _start_attempt(cp, ns, tmp_path, save, 1)
-        runs.append(run)
-        assert run.wait(timeout_s=420) == 0, run.output[-3000:]
-        [resumed] = [line for line in run.output.splitlines() if line.startswith(RESUMING)]
-        resumed_from = int(resumed.rsplit("(rollout ", 1)[1].rstrip(")"))
-        stand_in_ray_job_status(cp, ns, f"{NAME}-1", "SUCCEEDED", "Complete")
-        final = wait_phase(cp, ns, NAME, "Succeeded", timeout=60)
-        attempt_seconds = time.monotonic() - started
-    finally:
-        for r in runs:
-            r.kill()
-    records = read_jsonl(save / "samples.jsonl")
-    rollouts = [r["rollout"] for r in records]
-    figures = {
-        "preempted_at_checkpoint": preemption["rollout"],
-        "resumed_from": resumed_from,
-        "operator_started_next_attempt_s": round(decided, 2),
-        "rollouts_redone": len(rollouts) - len(set(rollouts)),
-        "rollouts_missing": len(set(range(max(rollouts) + 1)) - set(rollouts)),
-        "failures_counted": final["status"]["restarts"]["job"] - final["status"]["restarts"]["preemptions"],
-        "second_attempt_seconds": round(attempt_seconds, 2),
-    }
-    record_figures("driver SIGTERM on Kubernetes -> preemption -> next attempt", figures)
-    assert resumed_from == preemption["rollout"]
-    assert figures["rollouts_redone"] == 0 and figures["rollouts_missing"] == 0, figures
-    assert figures["failures_counted"] == 0
-    assert final["status"]["restarts"] == {**final["status"]["restarts"], "job": 1, "preemptions": 1}

@@ -5,18 +5,22 @@ result must import everything the trainer's pods run and answer `rlkube --help`.
 The operator and rollout images are built for real by images/build.sh in `make test` and run as
 pods on the real node (tests/pods), which covers their install steps. The trainer image (11.9 GB,
 its CUDA base) is not built here, so its step is checked this way. The NGC PyTorch base is stood
-in for by a venv that sees the base interpreter's packages, as the image's pip sees the base's;
-the `sglang` extra is left out: its declared dependencies pin a CUDA torch build that the base
+in for by torch and its own dependencies, linked from this machine's venv into a directory the new
+venv reads through a .pth file: the image's pip finds torch installed and must install everything
+else the line asks for, as in the image (installing torch itself again took most of this test's
+195 s); the `sglang` extra is left out: its declared dependencies pin a CUDA torch build that the base
 image already provides (the pinned SGLang's flags are checked by
 tests/unit/engine/test_sglang_conformance.py).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -26,7 +30,7 @@ pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 
-# image Dockerfile -> (sees this machine's packages as its base image's, what its pods import)
+# image Dockerfile -> (has the stand-in of its torch base image, what its pods import)
 IMAGES = {
     "Dockerfile.trainer": (True, ["rlkube_runtime.run", "rlkube_runtime.actors.trainer", "rlkube_runtime.status_report",
                                   "kubernetes", "ray", "megatron.core", "wandb", "mlflow"]),
@@ -35,6 +39,35 @@ LEFT_OUT_EXTRAS = {"sglang"}
 
 
 PIP_LINE = re.compile(r'^(?:RUN | && )(?:PIP_CONSTRAINT=(\S+) )?pip install "\.\[([a-z,]+)\]"', flags=re.M)
+
+
+def _requirement_name(requirement: str) -> str | None:
+    """The distribution a Requires-Dist line names; None for an extra's (torch's own are not in the base)."""
+    name, _, marker = requirement.partition(";")
+    return None if "extra" in marker else re.match(r"[A-Za-z0-9._-]+", name.strip()).group(0)
+
+
+def torch_base(target: Path) -> Path:
+    """`target` holding links to torch and the distributions it depends on (recursively), each
+    with its dist-info, as this machine's venv has them: the part of the PyTorch base image the
+    trainer's pip line relies on."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    target.mkdir()
+    todo, seen = ["torch"], set()
+    while todo:
+        try:
+            dist = importlib.metadata.distribution(todo.pop())
+        except importlib.metadata.PackageNotFoundError:  # a dependency for another platform
+            continue
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        for top in {Path(str(f)).parts[0] for f in dist.files or []} - {"..", "__pycache__"}:
+            if (site / top).exists() and not (target / top).exists():
+                (target / top).symlink_to(site / top)
+        todo += [n for n in map(_requirement_name, dist.requires or []) if n]
+    return target
 
 
 def _pip_line(dockerfile: str) -> tuple[str | None, list[str]]:
@@ -52,8 +85,12 @@ def test_the_images_pip_line_installs_what_its_pods_import(dockerfile, tmp_path)
     constraint, extras = _pip_line(dockerfile)
     extras = [e for e in extras if e not in LEFT_OUT_EXTRAS]
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True, system_site_packages=sees_base).create(env_dir)
+    venv.EnvBuilder(with_pip=True).create(env_dir)
     python = str(env_dir / "bin" / "python")
+    if sees_base:
+        venv_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+        Path(venv_site, "torch-base.pth").write_text(f"{torch_base(tmp_path / 'base')}\n")
 
     install = subprocess.run(
         [python, "-m", "pip", "install", "--disable-pip-version-check", "-q", f"{REPO}[{','.join(extras)}]"],
