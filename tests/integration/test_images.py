@@ -93,7 +93,10 @@ def test_the_images_pip_line_installs_what_its_pods_import(dockerfile, tmp_path)
         Path(venv_site, "torch-base.pth").write_text(f"{torch_base(tmp_path / 'base')}\n")
 
     install = subprocess.run(
-        [python, "-m", "pip", "install", "--disable-pip-version-check", "-q", f"{REPO}[{','.join(extras)}]"],
+        # --no-compile: what is installed is the same; byte-compiling every installed file (most
+        # of them never imported here) was a large part of this test's time on two cores.
+        [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-compile", "-q",
+         f"{REPO}[{','.join(extras)}]"],
         capture_output=True, text=True, timeout=1500,
         env={**os.environ, **({"PIP_CONSTRAINT": str(REPO / "images" / constraint)} if constraint else {})},
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from rlkube_runtime.data.sample import Sample
@@ -49,14 +50,40 @@ class RolloutManager:
     async def start(self) -> dict[str, Any]:
         spec = self.spec
         # An engine takes the longest to start (its process imports torch and transformers and
-        # loads the model): launch the engines first and get everything else ready meanwhile.
-        engine_urls = self.engines.launch()
+        # loads the model): launch the engines first, put the router in front of them as soon as
+        # they answer, and get the prompts ready meanwhile (a thread: importing transformers and
+        # loading the tokenizer take seconds of CPU that the router's start need not wait for).
+        router = asyncio.create_task(self._start_router(self.engines.launch()))
+        try:
+            await asyncio.to_thread(self._load_prompts)
+        except BaseException:
+            router.cancel()
+            raise
+        router_url = await router
+        # Requests that hit a dying engine are retried through the router until its replacement
+        # is registered (a restart takes seconds to a minute), as slime retries up to 60 times.
+        from rlkube_runtime.serving.client import RolloutClient
 
+        self._client = RolloutClient(router_url, max_attempts=60)
+        if spec.reward.url:
+            from rlkube_runtime.rewards.remote import RemoteRewardClient
+
+            # One connection pool for the whole run instead of one per group.
+            self._reward_client = RemoteRewardClient(
+                spec.reward.url, timeout_seconds=spec.reward.timeout_seconds, max_retries=spec.reward.max_retries
+            )
+        return {"router": router_url, "engines": self.engines.urls}
+
+    async def _start_router(self, engine_urls: Awaitable[list[str]]) -> str:
+        return await self.engines.start_router(await engine_urls)
+
+    def _load_prompts(self) -> None:
+        """The tokenizer, the prompt source, the sampling settings, the filter and the custom generate."""
         from transformers import AutoTokenizer
 
         import rlkube_runtime.tiny.task  # noqa: F401  (registers the builtin: prompt sets)
-        from rlkube_runtime.serving.client import RolloutClient
 
+        spec = self.spec
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=spec.model.trust_remote_code)
         self.source = PromptSource.from_spec(
             spec.data, n_samples_per_prompt=spec.rollout.n_samples_per_prompt, tokenizer=self.tokenizer
@@ -68,19 +95,6 @@ class RolloutManager:
             if spec.rollout.custom_generate_function
             else None
         )
-
-        router_url = await self.engines.start_router(await engine_urls)
-        # Requests that hit a dying engine are retried through the router until its replacement
-        # is registered (a restart takes seconds to a minute), as slime retries up to 60 times.
-        self._client = RolloutClient(router_url, max_attempts=60)
-        if spec.reward.url:
-            from rlkube_runtime.rewards.remote import RemoteRewardClient
-
-            # One connection pool for the whole run instead of one per group.
-            self._reward_client = RemoteRewardClient(
-                spec.reward.url, timeout_seconds=spec.reward.timeout_seconds, max_retries=spec.reward.max_retries
-            )
-        return {"router": router_url, "engines": self.engines.urls}
 
     async def shutdown(self) -> None:
         for client in (self._client, self._reward_client):

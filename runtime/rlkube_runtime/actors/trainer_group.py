@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlkube_runtime.actors.rendezvous import rendezvous_address
 from rlkube_runtime.actors.trainer import TrainerWorker
 from rlkube_runtime.weight_sync.coordinator import SyncReport
 from rlkube_runtime.weight_sync.plan import SyncPlan
@@ -30,7 +31,7 @@ class TrainerGroup:
         # Trainer ranks meet at rank 0's node (its IP, a free port there): on a cluster the ranks
         # are pods of their own, and loopback reaches none of them.
         master_addr, master_port = ray.get(
-            ray.remote(_rendezvous_address)
+            ray.remote(rendezvous_address)
             .options(num_cpus=0, scheduling_strategy=in_bundle(topology.trainer_bundles[0]))
             .remote()
         )
@@ -133,11 +134,3 @@ class TrainerGroup:
             extra = per_rank(rank) if per_rank is not None else {}
             refs.append(getattr(handle, method).remote(*args, **{**kwargs, **extra}))
         return ray.get(refs)
-
-
-def _rendezvous_address() -> tuple[str, int]:
-    """(this node's IP, a free port on it), run as a Ray task on trainer rank 0's node."""
-    from rlkube_runtime.serving.launch import free_port, node_ip
-
-    address = node_ip()
-    return address, free_port(address)

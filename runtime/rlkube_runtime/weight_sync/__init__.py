@@ -9,10 +9,28 @@ of rows) travel together. The loop, the actors and the backends call these; none
 weights itself.
 """
 
-from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
-from rlkube_runtime.weight_sync.coordinator import SyncReport, run_sync
-from rlkube_runtime.weight_sync.plan import TRANSPORTS, SyncPlan, engine_dtype, plan_sync, weight_sync_transport
-from rlkube_runtime.weight_sync.sender import WeightSender
+from importlib import import_module
+from typing import TYPE_CHECKING
 
-__all__ = ["Piece", "plan_buckets", "TRANSPORTS", "SyncPlan", "SyncReport", "WeightSender", "engine_dtype", "plan_sync", "run_sync",
-           "weight_sync_transport"]
+# Each name's module, imported on first use: `sender` imports torch (seconds), and the rollout
+# side (the engine actors, the rollout manager) needs only `plan` and `coordinator`.
+_HOMES = {
+    "Piece": "buckets", "plan_buckets": "buckets",
+    "SyncReport": "coordinator", "run_sync": "coordinator",
+    "TRANSPORTS": "plan", "SyncPlan": "plan", "engine_dtype": "plan", "plan_sync": "plan",
+    "weight_sync_transport": "plan",
+    "WeightSender": "sender",
+}
+__all__ = sorted(_HOMES)
+
+if TYPE_CHECKING:
+    from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
+    from rlkube_runtime.weight_sync.coordinator import SyncReport, run_sync
+    from rlkube_runtime.weight_sync.plan import TRANSPORTS, SyncPlan, engine_dtype, plan_sync, weight_sync_transport
+    from rlkube_runtime.weight_sync.sender import WeightSender
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
