@@ -86,24 +86,27 @@ class EnginePool:
     def launch(self) -> Awaitable[list[str]]:
         """Start one engine per bundle; awaiting the result gives their URLs. The engines take
         the longest to start (each imports torch and loads the model): the caller gets the rest
-        of the job ready meanwhile, then calls `start_router`."""
+        of the job ready meanwhile, and `start_router` starts the router beside them."""
         self._engines = self._create_engines()
         return asyncio.gather(*(engine.start.remote() for engine in self._engines))
 
-    async def start_router(self, engine_urls: list[str]) -> str:
-        """The real sglang-router in front of the engines, and the health watch; returns its URL."""
+    async def start_router(self, engine_urls: Awaitable[list[str]]) -> str:
+        """The real sglang-router in front of the engines, and the health watch; returns its URL.
+        The router starts while the engines do (it runs with no workers), and each engine is
+        registered as it would be after a restart (`POST /workers`) once all of them answer."""
         from rlkube_runtime.serving.launch import RouterProcess, node_ip
 
-        self._urls = list(engine_urls)
         self._router = RouterProcess(
-            worker_urls=self._urls,
+            worker_urls=[],
             log_dir=self.log_dir,
             model_path=self.model_path,
-            # On a rollout pod, reached by the other pods at its IP (loopback only off Ray).
+            # Reached by the engines' and trainer's pods at this pod's IP (loopback only off Ray).
             host=node_ip(),
             router_args=dict(self.spec.rollout.router_args),
         )
-        await asyncio.to_thread(self._router.start)
+        urls, _ = await asyncio.gather(engine_urls, asyncio.to_thread(self._router.start))
+        self._urls = list(urls)
+        await asyncio.gather(*(asyncio.to_thread(self._router.add_worker, url) for url in self._urls))
         if self.spec.fault_tolerance.enabled:
             self._health_task = asyncio.create_task(self._watch_engines())
         return self._router.url

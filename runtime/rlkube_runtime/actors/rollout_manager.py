@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
 from typing import Any
 
 from rlkube_runtime.data.sample import Sample
@@ -50,10 +49,10 @@ class RolloutManager:
     async def start(self) -> dict[str, Any]:
         spec = self.spec
         # An engine takes the longest to start (its process imports torch and transformers and
-        # loads the model): launch the engines first, put the router in front of them as soon as
-        # they answer, and get the prompts ready meanwhile (a thread: importing transformers and
-        # loading the tokenizer take seconds of CPU that the router's start need not wait for).
-        router = asyncio.create_task(self._start_router(self.engines.launch()))
+        # loads the model): launch the engines and the router first, and get the prompts ready
+        # meanwhile (a thread: importing transformers and loading the tokenizer take seconds of
+        # CPU that the router's start need not wait for).
+        router = asyncio.create_task(self.engines.start_router(self.engines.launch()))
         try:
             await asyncio.to_thread(self._load_prompts)
         except BaseException:
@@ -73,9 +72,6 @@ class RolloutManager:
                 spec.reward.url, timeout_seconds=spec.reward.timeout_seconds, max_retries=spec.reward.max_retries
             )
         return {"router": router_url, "engines": self.engines.urls}
-
-    async def _start_router(self, engine_urls: Awaitable[list[str]]) -> str:
-        return await self.engines.start_router(await engine_urls)
 
     def _load_prompts(self) -> None:
         """The tokenizer, the prompt source, the sampling settings, the filter and the custom generate."""
