@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from node import VOLUMES, Cluster
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "manifests" / "examples" / "cluster-tiny.yaml"
 CLAIM = REPO / "manifests" / "cluster" / "checkpoints-pvc.yaml"
+RESULTS = Path(__file__).resolve().parent / ".results"
 
 
 def tiny_job(name: str, *, placement: str = "separate", num_rollout: int, interval: int, **spec: Any) -> dict:
@@ -195,3 +197,39 @@ class Trained:
 
 def copy_job(job: dict) -> dict:
     return copy.deepcopy(job)
+
+
+class MemoryPeak:
+    """The node's resident memory (its components, containerd's shims, every pod's containers)
+    sampled every 2 s while a test runs; its high-water mark is appended to
+    tests/pods/.results/memory.jsonl, where the README's figure comes from."""
+
+    def __init__(self, cluster: Cluster, label: str, interval: float = 2.0):
+        self.cluster, self.label, self.interval = cluster, label, interval
+        self.peak: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            try:
+                usage = self.cluster.node.memory()
+            except OSError:  # a process ended between listing and reading it
+                usage = {}
+            if sum(usage.values()) > sum(self.peak.values()):
+                self.peak = usage
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> MemoryPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        RESULTS.mkdir(exist_ok=True)
+        record = {"test": self.label, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "peak_mib": round(sum(self.peak.values()) / 2**20),
+                  "parts_mib": {k: round(v / 2**20) for k, v in self.peak.items()}}
+        with open(RESULTS / "memory.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")

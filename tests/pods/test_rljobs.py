@@ -24,6 +24,7 @@ import pytest
 from node import Cluster
 from prometheus_server import Prometheus, assert_every_query_returns_data
 from rljob_pods import (
+    MemoryPeak,
     Trained,
     Watch,
     apply,
@@ -181,8 +182,15 @@ def assert_owned_objects_go(cluster: Cluster, namespace: str, name: str) -> None
     cluster.wait_for(lambda: not left(), 120, f"the objects of RLJob {name} to be deleted")
 
 
+@pytest.fixture
+def node_memory(cluster, request):
+    """The node's memory high-water mark while the test runs (rljob_pods.MemoryPeak)."""
+    with MemoryPeak(cluster, request.node.name):
+        yield
+
+
 def test_a_separate_job_trains_to_succeeded_on_real_pods_through_a_lost_rollout_pod_and_a_suspend(
-        cluster, namespace, rollout_image, tmp_path):
+        cluster, namespace, rollout_image, tmp_path, node_memory):
     """Trainer pod, rollout pod (built-in engine behind the router) and head on the real node; the
     rollout pod deleted mid-run is replaced and its engine re-registered; suspended, its pods go
     and resuming continues from the checkpoint; every panel's query has data; the reward rises."""
@@ -249,7 +257,8 @@ def test_a_separate_job_trains_to_succeeded_on_real_pods_through_a_lost_rollout_
     assert_owned_objects_go(cluster, namespace, name)
 
 
-def test_a_colocated_job_resumes_after_its_trainer_is_killed_and_its_head_is_deleted(cluster, namespace, rollout_image):
+def test_a_colocated_job_resumes_after_its_trainer_is_killed_and_its_head_is_deleted(
+        cluster, namespace, rollout_image, node_memory):
     """One trainer pod carries the trainer rank, the engine and the router. The trainer process
     killed: the attempt fails and the next resumes from the newest checkpoint. The head pod deleted
     with a grace period: preStop and SIGTERM reach the driver, which saves before it exits, and
