@@ -107,8 +107,17 @@ def test_a_service_answers_another_pod_by_its_cluster_dns_name(cluster, namespac
                     for c in cluster.get_json("pod", "-n", namespace, "web")["status"].get("conditions", [])),
         60, "the web pod Ready",
     )
-    fetch = ("import urllib.request as u; "
-             f"print([u.urlopen(url, timeout=10).status for url in ('http://web/', 'http://web.{namespace}.svc.cluster.local/')])")
+    # Ready is not yet routable: kube-proxy programs the Service's new endpoint a moment later
+    # (seconds on a loaded machine, where a first try was refused), so the client retries for 60 s.
+    fetch = ("import time, urllib.request as u\n"
+             "def get(url):\n"
+             "    for _ in range(120):\n"
+             "        try:\n"
+             "            return u.urlopen(url, timeout=10).status\n"
+             "        except OSError:\n"
+             "            time.sleep(0.5)\n"
+             "    return u.urlopen(url, timeout=10).status\n"
+             f"print([get(url) for url in ('http://web/', 'http://web.{namespace}.svc.cluster.local/')])")
     log = run_to_completion(cluster, namespace, restricted_pod("client", operator_image, ["python", "-c", fetch]))
     assert "[200, 200]" in log
 
