@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 from harness import ControlPlane, ControlPlaneError
-from prometheus_server import Prometheus, PrometheusMissing
-from prometheus_server import assert_every_query_returns_data as shared_assert_every_query_returns_data
+from prometheus_server import Prometheus, PrometheusMissing, assert_every_query_returns_data
 from operator_fixtures import (
     OperatorProcess,
     apply_file,
@@ -38,16 +36,6 @@ SA_USER = f"system:serviceaccount:{NAMESPACE}:{SA}"
 _spec = importlib.util.spec_from_file_location("chart_render", REPO / "tests" / "unit" / "test_chart_render.py")
 chart = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(chart)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def assert_every_query_returns_data(prom: Prometheus, queries, start: float, timeout: float) -> None:
-    shared_assert_every_query_returns_data(prom, queries, start, timeout, translate=chart.for_prometheus)
 
 
 def start_prometheus(workdir: Path, targets: dict[str, str]) -> Prometheus:
@@ -181,7 +169,7 @@ def test_the_operator_runs_under_the_chart_service_account_and_its_panels_get_da
         operator_queries = [q for q in chart.dashboard_queries() if q[0] == "rlkube-operator.json"]
         # Every panel has data, the errors panel included: its series exist at zero from the start.
         assert 'rlkube_operator_reconcile_errors_total{kind="api"} 0.0' in operator.metrics()
-        assert_every_query_returns_data(prom, operator_queries, start, timeout=90)
+        assert_every_query_returns_data(prom, operator_queries, start, timeout=90, translate=chart.for_prometheus)
     finally:
         if prom is not None:
             prom.stop()
