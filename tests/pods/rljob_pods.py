@@ -233,3 +233,31 @@ class MemoryPeak:
                   "parts_mib": {k: round(v / 2**20) for k, v in self.peak.items()}}
         with open(RESULTS / "memory.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def dashboard_answers(cluster: Cluster, namespace: str, name: str, token: str | None) -> tuple[int, str]:
+    """Status and body of the job's Ray job API (`GET /api/jobs/` on the head's dashboard port), asked
+    as a stranger on the cluster network would: with no token, or with `token`."""
+    import urllib.error
+    import urllib.request
+
+    head = running_pod(cluster, namespace, name, "head")
+    port = next(p["containerPort"] for c in head["spec"]["containers"] for p in c.get("ports", [])
+                if p.get("name") == "dashboard")
+    request = urllib.request.Request(f"http://{head['status']['podIP']}:{port}/api/jobs/")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
+def ray_token(cluster: Cluster, namespace: str, name: str) -> str:
+    """The token KubeRay made for the job's Ray cluster (the Secret named after the RayCluster)."""
+    import base64
+
+    raycluster = running_pod(cluster, namespace, name, "head")["metadata"]["labels"]["ray.io/cluster"]
+    secret = cluster.get_json("secret", "-n", namespace, raycluster)
+    return base64.b64decode(secret["data"]["auth_token"]).decode()

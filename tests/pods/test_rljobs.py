@@ -30,8 +30,10 @@ from rljob_pods import (
     apply,
     claim,
     claim_dir,
+    dashboard_answers,
     kill_in_pod,
     pods,
+    ray_token,
     rljob,
     rollouts_done,
     running_pod,
@@ -208,6 +210,11 @@ def test_a_separate_job_trains_to_succeeded_on_real_pods_through_a_lost_rollout_
         apply(cluster, namespace, job)
         watch = Watch(cluster, namespace, name)
         watch.until(lambda r: r["PHASE"] == "Running" and rollouts_done(r) >= 3, 300, "Running, 3 rollouts done")
+
+        # Ray's job API (run any code in the job's pods) answers only KubeRay's token.
+        assert dashboard_answers(cluster, namespace, name, None)[0] == 401
+        assert dashboard_answers(cluster, namespace, name, "not-the-job-token")[0] == 403
+        assert dashboard_answers(cluster, namespace, name, ray_token(cluster, namespace, name))[0] == 200
 
         # A rollout pod lost (as with its node: no grace period): KubeRay makes another, the runtime
         # restarts the engine on it.
