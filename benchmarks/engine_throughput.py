@@ -15,12 +15,14 @@ import argparse
 import asyncio
 import os
 import platform
-import shlex
 import sys
 import tempfile
-import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import Stopwatch, command_line, median_time, write_results  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,11 +69,10 @@ def main() -> None:
             rows.append((f"model.generate, batch {batch}", batch, batch, baselines.tokens_per_s(prompts[:batch], batch, args.max_new_tokens)))
             print(rows[-1], flush=True)
 
-    report = _report(args, dtype, model_dir, rows, baselines.num_params)
+    command = command_line(__file__)
+    report = _report(args, dtype, model_dir, rows, baselines.num_params, command)
     print(report)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(report)
+    write_results(report, {}, command, out=args.out, json_path=None)
 
 
 def _engine_tokens_per_s(model_dir, workdir, args, dtype, concurrency, prompts) -> float:
@@ -95,9 +96,9 @@ def _engine_tokens_per_s(model_dir, workdir, args, dtype, concurrency, prompts) 
                     result = await client.generate({"text": prompt, "rid": f"bench-{i}", "sampling_params": sampling})
                     return len(result["output_ids"])
 
-            started = time.perf_counter()
-            tokens = sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
-            return tokens / (time.perf_counter() - started)
+            with Stopwatch() as watch:
+                tokens = sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+            return tokens / watch.seconds
 
     try:
         return asyncio.run(drive())
@@ -117,11 +118,11 @@ class _Baseline:
     @torch.inference_mode()
     def tokens_per_s(self, prompts: list[str], batch: int, max_new_tokens: int) -> float:
         self._generate(prompts[:1], 4)  # warm-up
-        started = time.perf_counter()
-        tokens = 0
-        for i in range(0, len(prompts), batch):
-            tokens += self._generate(prompts[i : i + batch], max_new_tokens)
-        return tokens / (time.perf_counter() - started)
+        seconds, tokens = median_time(
+            lambda: sum(self._generate(prompts[i : i + batch], max_new_tokens) for i in range(0, len(prompts), batch)),
+            repeat=1, device=self.device,
+        )
+        return tokens / seconds
 
     def _generate(self, prompts: list[str], max_new_tokens: int) -> int:
         inputs = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
@@ -135,8 +136,7 @@ def _prompt(i: int, length: int) -> str:
     return "".join(alphabet[(i * 7 + j * 13) % len(alphabet)] for j in range(length))
 
 
-def _report(args, dtype, model_dir, rows, num_params) -> str:
-    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+def _report(args, dtype, model_dir, rows, num_params, command: str) -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
     device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or platform.machine()
     lines = [

@@ -28,7 +28,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 import traceback
 from functools import partial
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import command_line, median_time, time_train_passes, write_results  # noqa: E402
+from _harness import Stopwatch, command_line, median_time, time_train_passes, write_results  # noqa: E402
 from qwen3_shape import QWEN3_06B, TINY, build_checkpoint  # noqa: E402
 
 PARTS = ("ceilings", "engine", "trainer", "sync")
@@ -53,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {"meta": _machine(device, params, shape)}
     for part in args.only:
         print(f"--- {part} ---", flush=True)
-        started = time.monotonic()
-        try:
-            results[part] = PART_FUNCS[part](args, device, model_dir, results)
-        except Exception:  # one part failing must not lose the others' figures
-            results[part] = {"error": traceback.format_exc()[-3000:]}
-            print(results[part]["error"], flush=True)
-        results[part]["seconds"] = time.monotonic() - started
+        with Stopwatch() as watch:
+            try:
+                results[part] = PART_FUNCS[part](args, device, model_dir, results)
+            except Exception:  # one part failing must not lose the others' figures
+                results[part] = {"error": traceback.format_exc()[-3000:]}
+                print(results[part]["error"], flush=True)
+        results[part]["seconds"] = watch.seconds
         print(json.dumps(results[part], indent=1, default=str)[:3000], flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -159,9 +158,9 @@ async def _generate(eng, n: int, prompt_len: int, new_tokens: int, vocab: int, *
          "return_logprob": True, "sampling_params": {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 1.0}}
         for i in range(n)
     ]
-    started = time.monotonic()
-    responses = await asyncio.gather(*(eng.generate(b) for b in bodies))
-    seconds = time.monotonic() - started
+    with Stopwatch() as watch:
+        responses = await asyncio.gather(*(eng.generate(b) for b in bodies))
+    seconds = watch.seconds
     tokens = sum(len(r["output_ids"]) for r in responses)
     return seconds, tokens, list(zip(bodies, responses))
 

@@ -66,25 +66,29 @@ import os
 import platform
 import random
 import re
-import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qwen3_shape import QWEN3_06B, SPECIALS, TINY, build_checkpoint  # noqa: E402  (the GPU benchmarks' model)
 from trl_settings import grpo_settings  # noqa: E402
-from _harness import command_line, read_jsonl  # noqa: E402
+from _harness import (  # noqa: E402
+    Stopwatch, command_line, read_jsonl, step_timer, timed_generation, timed_subprocess, write_results,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-SIDES = ("colocated", "separate", "trl")
-TITLES = {"colocated": "rlkube colocated", "separate": "rlkube separate", "trl": "TRL GRPOTrainer"}
+SIDES = ("colocated", "colocated-megatron", "separate", "trl")
+TITLES = {"colocated": "rlkube colocated", "colocated-megatron": "rlkube colocated, megatron backend",
+          "separate": "rlkube separate", "trl": "TRL GRPOTrainer"}
+RLKUBE_SIDES = ("colocated", "colocated-megatron", "separate")
+# Each rlkube side: (placement, training.backend).
+LAYOUTS = {"colocated": ("colocated", "torch"), "colocated-megatron": ("colocated", "megatron"),
+           "separate": ("separate", "torch")}
 
 HANDOFF_KEY = re.compile(r"offload|onload|release|resume|hand_?off")
 
@@ -157,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = _render_report(args, build, sides, command=command)
     print(report, flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(report, encoding="utf-8")
+    write_results(report, {}, command, out=args.out, json_path=None)
     print(f"wrote {args.out}", flush=True)
     return 0 if all(s.status in ("ok", "skipped") for s in sides) else 1
 
@@ -246,14 +249,14 @@ def _build_worker(config_path: Path) -> int:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     out = Path(cfg["out"])
-    start = time.monotonic()
-    reused = (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
-    params = build_checkpoint(out, cfg["shape"], seed=cfg["seed"], device=device)
+    with Stopwatch() as build:
+        reused = (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+        params = build_checkpoint(out, cfg["shape"], seed=cfg["seed"], device=device)
     info = {
         "checkpoint": str(out),
         "params": params,
         "vocab_size": cfg["shape"]["vocab_size"],
-        "build_s": time.monotonic() - start,
+        "build_s": build.seconds,
         "reused": reused,
         "device": device,
         "gpu_count": torch.cuda.device_count() if device == "cuda" else 0,
@@ -286,6 +289,7 @@ def _visible_gpus(count: int) -> list[str]:
 
 def _rljob(args: argparse.Namespace, key: str, build: dict, prompts: Path) -> dict:
     samples = args.batch_size * args.n_samples
+    placement, backend = LAYOUTS[key]
     return {
         "apiVersion": "rlkube.io/v1alpha1",
         "kind": "RLJob",
@@ -303,6 +307,7 @@ def _rljob(args: argparse.Namespace, key: str, build: dict, prompts: Path) -> di
             "reward": {"type": "exact"},
             "algorithm": {"advantageEstimator": "grpo"},
             "training": {
+                "backend": backend,
                 "numRollout": args.rollouts,
                 "globalBatchSize": samples,  # one optimizer step per rollout
                 "updateWeightsInterval": 1,
@@ -312,9 +317,9 @@ def _rljob(args: argparse.Namespace, key: str, build: dict, prompts: Path) -> di
             # No periodic checkpoints; the driver still writes one after the last rollout.
             # Colocated engines run on the trainer's GPU: the spec refuses rollout GPUs there.
             "resources": {
-                "placement": key,
+                "placement": placement,
                 "trainer": {"nodes": 1, "gpusPerNode": 1},
-                **({"rollout": {"gpus": 1}} if key == "separate" else {}),
+                **({"rollout": {"gpus": 1}} if placement == "separate" else {}),
             },
         },
     }
@@ -410,7 +415,7 @@ def _trl_worker(config_path: Path) -> int:
     import trl.extras.profiling as trl_profiling
     from datasets import Dataset
     from rlkube_runtime.rewards.text_rules import exact_reward
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     rows = [json.loads(line) for line in Path(cfg["prompts"]).read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -438,34 +443,22 @@ def _trl_worker(config_path: Path) -> int:
     def save() -> None:
         Path(cfg["result"]).write_text(json.dumps({"rollouts": rollouts}), encoding="utf-8")
 
-    class StepTimer(TrainerCallback):
-        def on_train_begin(self, args, state, control, **_):
-            sync()
-            self.last = time.perf_counter()
+    def on_step(step: float) -> None:
+        rollouts.append({"step_s": step, **pending})
+        pending.clear()
+        save()
+        gen = rollouts[-1].get("generate_s", math.nan)
+        print(f"trl step {len(rollouts)}/{cfg['rollouts']} | step {step:.2f}s | generate {gen:.2f}s", flush=True)
 
-        def on_step_end(self, args, state, control, **_):
-            sync()
-            now = time.perf_counter()
-            rollouts.append({"step_s": now - self.last, **pending})
-            pending.clear()
-            self.last = now
+    def on_log(logs: dict) -> None:
+        if rollouts:
+            rollouts[-1].update({f"log/{k}": float(v) for k, v in logs.items() if isinstance(v, (int, float))})
             save()
-            step, gen = rollouts[-1]["step_s"], rollouts[-1].get("generate_s", math.nan)
-            print(f"trl step {len(rollouts)}/{cfg['rollouts']} | step {step:.2f}s | generate {gen:.2f}s", flush=True)
 
-        def on_log(self, args, state, control, logs=None, **_):
-            if rollouts and logs:
-                rollouts[-1].update({f"log/{k}": float(v) for k, v in logs.items() if isinstance(v, (int, float))})
-                save()
+    def on_generate(seconds: float) -> None:
+        pending["generate_s"] = pending.get("generate_s", 0.0) + seconds
 
-    class TimedGRPOTrainer(GRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            start = time.perf_counter()
-            try:
-                return super()._generate_and_score_completions(inputs)
-            finally:
-                sync()
-                pending["generate_s"] = pending.get("generate_s", 0.0) + time.perf_counter() - start
+    TimedGRPOTrainer = timed_generation(GRPOTrainer, on_generate, sync=sync)
 
     # Settings mirror rlkube's defaults (spec/training.py, spec/algorithm.py) where TRL's differ.
     config = GRPOConfig(
@@ -488,7 +481,7 @@ def _trl_worker(config_path: Path) -> int:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[StepTimer()],
+        callbacks=[step_timer(on_step, on_log, sync=sync)],
     )
     trainer.train()
     save()
@@ -614,7 +607,7 @@ def _render_report(args: argparse.Namespace, build: dict, sides: list[Side], *, 
     )
     lines.append("| process wall s (start-up, all rollouts, shutdown) | " + " | ".join(_fmt(s.wall_s, 1) for s in sides) + " |")
 
-    lines += _all_keys_table(sides, "Every perf/* key of metrics.jsonl (rlkube), median", ("perf/",), only=("colocated", "separate"))
+    lines += _all_keys_table(sides, "Every perf/* key of metrics.jsonl (rlkube), median", ("perf/",), only=RLKUBE_SIDES)
     lines += _all_keys_table(sides, "TRL's own timers (seconds summed per step) and timing keys, median", ("timer/", "log/step_time"), only=("trl",))
     lines += ["", "## Step seconds of every rollout (rollout 0 = warm-up)", ""]
     for s in sides:
@@ -756,25 +749,9 @@ def _child_env(gpus: list[str]) -> dict[str, str]:
 
 
 def _run_child(cmd: list[str], log_path: Path, *, timeout: float, env: dict | None = None) -> tuple[int, float, str]:
-    """Run cmd in its own process group, output to log_path; on timeout kill the whole group
-    (Ray's raylet, workers and engine servers included). Per-rollout progress lines of the log
-    are echoed as they appear. Returns (exit code, wall seconds, error)."""
-    start = time.monotonic()
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        rc = None
-        with open(log_path, encoding="utf-8", errors="replace") as follow:
-            while rc is None:
-                try:
-                    rc = proc.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    if time.monotonic() - start > timeout:
-                        _kill_group(proc)
-                        rc = 124
-                _echo_progress(follow, start)
-    wall = time.monotonic() - start
+    """`timed_subprocess` with per-rollout progress echoed, and this report's error text.
+    Returns (exit code, wall seconds, error)."""
+    rc, wall = timed_subprocess(cmd, log_path, timeout=timeout, env=env, echo=_PROGRESS)
     error = ""
     if rc == 124:
         error = f"timed out after {timeout:.0f}s (--timeout)"
@@ -787,12 +764,6 @@ def _run_child(cmd: list[str], log_path: Path, *, timeout: float, env: dict | No
 _PROGRESS = re.compile(r"^(rollout \d+/\d+|trl step \d+/\d+)")  # rlkube's MetricsLogger line; the TRL worker's
 
 
-def _echo_progress(follow, start: float) -> None:
-    for line in follow.readlines():
-        if _PROGRESS.match(line):
-            print(f"  [{time.monotonic() - start:5.0f}s] {line.rstrip()}", flush=True)
-
-
 def _cause_line(text: str) -> str:
     """The line that best says why a child failed: rlkube's one-line cause, else the last error line."""
     lines = [l.strip() for l in text.splitlines() if l.strip() and not _SIGNAL_NOISE.search(l)]
@@ -801,19 +772,6 @@ def _cause_line(text: str) -> str:
         if hits:
             return hits[-1]
     return lines[-1] if lines else ""
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _finish(side: Side, rc: int, error: str, *, expected: int) -> None:
@@ -844,15 +802,13 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 
 def _write_json(path: Path, command: str, args: argparse.Namespace, build: dict, sides: list[Side]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {
-        "command": command,
         "args": {k: v for k, v in vars(args).items() if k not in ("build_worker", "trl_worker")},
         "build": build,
         "machine": dict(_machine(build, args.revision)),
         "sides": [asdict(s) for s in sides],
     }
-    path.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+    write_results("", record, command, out=None, json_path=path)
 
 
 def _load_merged(paths: list[str]) -> list[Side]:

@@ -25,19 +25,17 @@ import json
 import math
 import os
 import platform
-import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trl_settings import grpo_settings  # noqa: E402  (the TRL settings both TRL benchmarks share)
-from _harness import command_line, loadavg, read_jsonl  # noqa: E402
+from _harness import command_line, loadavg, read_jsonl, step_timer, timed_generation, timed_subprocess, write_results  # noqa: E402
 
 TASK = "digit-successor"
 LAST_K = 3  # rollouts averaged for the "reward at the end" column
@@ -89,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     report = _render_report(args, results, command=command, load_before=load_before, load_after=load_after)
     print(report)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report, encoding="utf-8")
+        write_results(report, {}, command, out=args.out, json_path=None)
         print(f"wrote {args.out}")
     return 0 if all(r.ok for r in results) else 1
 
@@ -184,7 +181,7 @@ def _run_rlkube(args: argparse.Namespace, checkpoint: Path, workdir: Path) -> Ha
         "run", str(job_path), "--output-dir", str(out), "--no-resume",
     ]
     log_path = workdir / "rlkube.log"
-    rc, wall, error, load = _timed_subprocess(cmd, log_path, timeout=args.timeout)
+    rc, wall, error, load = _run_side(cmd, log_path, timeout=args.timeout)
 
     result = HalfResult("rlkube", ok=False, wall_s=wall, log_path=str(log_path), load=load)
     # driver.py: on CPU the trainer actor runs 1 torch thread; the engine actor runs beside it.
@@ -229,7 +226,7 @@ def _run_trl(args: argparse.Namespace, checkpoint: Path, workdir: Path, *, threa
     Path(config["result"]).unlink(missing_ok=True)
     log_path = workdir / f"{tag}.log"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(config_path)]
-    rc, wall, error, load = _timed_subprocess(cmd, log_path, timeout=args.timeout)
+    rc, wall, error, load = _run_side(cmd, log_path, timeout=args.timeout)
 
     name = f"TRL GRPOTrainer, {threads} torch thread{'s' if threads > 1 else ''}" if threads else "TRL GRPOTrainer"
     result = HalfResult(name, ok=False, wall_s=wall, log_path=str(log_path), load=load)
@@ -254,7 +251,7 @@ def _trl_worker(config_path: Path) -> int:
     from datasets import Dataset
     from rlkube_runtime.rewards.text_rules import exact_reward
     from rlkube_runtime.tiny.task import get_task
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     batch, n = cfg["batch_size"], cfg["n_samples"]
@@ -270,31 +267,16 @@ def _trl_worker(config_path: Path) -> int:
 
     timings = {"step_s": [], "generate_s": [], "train_s": [], "reward": [], "response_len": []}
 
-    class StepTimer(TrainerCallback):
-        """Seconds between consecutive optimizer steps: generate + reward + train + logging."""
+    def on_step(step: float) -> None:  # generate + reward + train + logging
+        timings["step_s"].append(step)
+        timings["train_s"].append(step - timings["generate_s"][-1])
 
-        def on_train_begin(self, args, state, control, **_):
-            self.last = time.perf_counter()
+    def on_log(logs: dict) -> None:
+        if "reward" in logs:
+            timings["reward"].append(float(logs["reward"]))
+            timings["response_len"].append(float(logs.get("completions/mean_length", math.nan)))
 
-        def on_step_end(self, args, state, control, **_):
-            now = time.perf_counter()
-            step = now - self.last
-            timings["step_s"].append(step)
-            timings["train_s"].append(step - timings["generate_s"][-1])
-            self.last = now
-
-        def on_log(self, args, state, control, logs=None, **_):
-            if logs and "reward" in logs:
-                timings["reward"].append(float(logs["reward"]))
-                timings["response_len"].append(float(logs.get("completions/mean_length", math.nan)))
-
-    class TimedGRPOTrainer(GRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            start = time.perf_counter()
-            try:
-                return super()._generate_and_score_completions(inputs)
-            finally:
-                timings["generate_s"].append(time.perf_counter() - start)
+    TimedGRPOTrainer = timed_generation(GRPOTrainer, timings["generate_s"].append)
 
     # Settings mirror rlkube's defaults (spec/training.py, spec/algorithm.py) where TRL differs.
     config = GRPOConfig(
@@ -314,7 +296,7 @@ def _trl_worker(config_path: Path) -> int:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[StepTimer()],
+        callbacks=[step_timer(on_step, on_log)],
     )
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
@@ -327,21 +309,11 @@ def _trl_worker(config_path: Path) -> int:
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def _timed_subprocess(cmd: list[str], log_path: Path, *, timeout: float) -> tuple[int, float, str, str]:
-    """Run to completion with stdout+stderr in log_path.
-
-    Returns (exit code, wall seconds, last error line, 1-minute load average before -> after).
-    """
-    start = time.monotonic()
+def _run_side(cmd: list[str], log_path: Path, *, timeout: float) -> tuple[int, float, str, str]:
+    """`timed_subprocess` plus what this report shows of a side: (exit code, wall seconds, last log
+    line of a failure, 1-minute load average before -> after; each side ran under its own load)."""
     load_before = loadavg().split()[0]
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
-        log.flush()
-        try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
-    wall = time.monotonic() - start
+    rc, wall = timed_subprocess(cmd, log_path, timeout=timeout)
     load = f"{load_before} -> {loadavg().split()[0]}"
     error = ""
     if rc != 0:
@@ -349,8 +321,6 @@ def _timed_subprocess(cmd: list[str], log_path: Path, *, timeout: float) -> tupl
         error = f"exit {rc}" + (" (timed out)" if rc == 124 else "") + (f": {lines[-1][:200]}" if lines else "")
         print(f"  failed, {error}; full log: {log_path}", flush=True)
     return rc, wall, error, load
-
-
 
 
 def _machine() -> list[tuple[str, str]]:

@@ -26,18 +26,18 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import statistics
 import sys
 import tempfile
-import time
 import traceback
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import call_times, command_line, median_time, write_results  # noqa: E402
 from gpu_components import _train_flops, grpo_batch  # noqa: E402
 from qwen3_shape import QWEN3_06B, TINY, build_checkpoint  # noqa: E402
 
@@ -70,11 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results["variants"][name], indent=1)[:4000], flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
-    results["command"] = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/trainer_profile.py", *(argv or sys.argv[1:])])
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "trainer_profile.json").write_text(json.dumps(results, indent=1))
+        write_results("", results, command_line(__file__, argv or None), out=None,
+                      json_path=Path(args.out) / "trainer_profile.json")
     return 0
 
 
@@ -102,21 +100,13 @@ def run_variant(name: str, model_dir: Path, device: str, args, ceiling: float | 
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         context = lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)  # noqa: E731
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with context():
         old = backend.log_probs(batch).log_probs
         batch = batch.with_fields(old_log_probs=old)
-        started = time.monotonic()
-        backend.accumulate_gradients(batch)  # warm-up (compiles, allocator, cuBLAS heuristics)
-        sync()
-        warmup_s = time.monotonic() - started
-        times = []
-        for _ in range(3):
-            sync()
-            started = time.monotonic()
-            backend.accumulate_gradients(batch)
-            sync()
-            times.append(time.monotonic() - started)
+        fwd_bwd = partial(backend.accumulate_gradients, batch)
+        # The warm-up call compiles, fills the allocator and picks cuBLAS heuristics.
+        warmup_s, _ = median_time(fwd_bwd, repeat=1, device=device)
+        times, _ = call_times(fwd_bwd, repeat=3, device=device)
         out = {"warmup_s": warmup_s, "forward_backward_s": statistics.median(times), "times": times,
                "micro_batches": len(backend._plan(batch))}
         flops = _train_flops(backend.model.config, n, p + r, r)
@@ -127,20 +117,21 @@ def run_variant(name: str, model_dir: Path, device: str, args, ceiling: float | 
             out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
             torch.cuda.reset_peak_memory_stats()
         if profile and device == "cuda":
-            out["profile"] = _profile(lambda: backend.accumulate_gradients(batch))
-    del backend
+            out["profile"] = _profile(fwd_bwd)
+    del fwd_bwd, backend
     return out
 
 
 def _profile(fn) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    started = time.monotonic()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    wall = time.monotonic() - started
+    def profiled():
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return prof
+
+    wall, prof = median_time(profiled, repeat=1, device="cuda")
     families: dict[str, float] = defaultdict(float)
     kernels = []
     launches = 0
@@ -169,12 +160,13 @@ def _matmul_ceiling() -> float:
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
-    torch.cuda.synchronize()
-    started = time.monotonic()
-    for _ in range(20):
-        a @ b
-    torch.cuda.synchronize()
-    return 20 * 2 * 8192**3 / (time.monotonic() - started) / 1e12
+
+    def twenty():
+        for _ in range(20):
+            a @ b
+
+    seconds, _ = median_time(twenty, repeat=1, device="cuda")
+    return 20 * 2 * 8192**3 / seconds / 1e12
 
 
 def _parse_args(argv):
