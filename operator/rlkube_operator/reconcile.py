@@ -549,7 +549,7 @@ class _Decision:
             wanted.append(ConditionSpec(SPEC_CHANGE_IGNORED, "True", Reason.IMMUTABLE_FIELD, note))
             old = next((c for c in status.get("conditions") or [] if c.get("type") == SPEC_CHANGE_IGNORED), {})
             if old.get("status") != "True" or old.get("message") != note:
-                events = (Event("Warning", SPEC_CHANGE_IGNORED, note),)
+                events = (Event("Warning", Reason.SPEC_CHANGE_IGNORED, note),)
         else:
             drop = (SPEC_CHANGE_IGNORED,)
         conditions = merge_conditions(status.get("conditions") or [], wanted, now=self.obs.now, generation=generation,

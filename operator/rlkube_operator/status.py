@@ -51,12 +51,12 @@ JOB_FAILED = "FAILED"
 PERMANENT_RAYJOB_REASONS = frozenset({"DeadlineExceeded", "ValidationFailed"})
 
 CONDITION_TYPES = ("Ready", "Progressing", "Suspended", "Failed")
-SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+SPEC_CHANGE_IGNORED = "SpecChangeIgnored"  # the condition type; its Event's reason is Reason.SPEC_CHANGE_IGNORED
 
 
 class Reason(str, Enum):
     """Every reason the operator writes: of status.reason and the conditions, and of its Events
-    (an Event also takes a phase's name, or SpecChangeIgnored). CamelCase, as Kubernetes writes
+    (an Event also takes a phase's name). CamelCase, as Kubernetes writes
     them; a status patch holds the plain string (`str(reason)`)."""
 
     # The attempt, as its RayJob reports it (observe_rayjob).
@@ -88,6 +88,7 @@ class Reason(str, Enum):
     NOT_SUSPENDED = "NotSuspended"
     NOT_FAILED = "NotFailed"
     IMMUTABLE_FIELD = "ImmutableField"  # a change to a field fixed for the job's life, ignored
+    SPEC_CHANGE_IGNORED = "SpecChangeIgnored"  # the Event of that: the condition SpecChangeIgnored was raised
     DELETING = "Deleting"  # ttlSecondsAfterFinished passed
 
     def __str__(self) -> str:

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from rlkube_runtime.serving.client import EngineAdmin
-from rlkube_runtime.serving.launch import RouterProcess, start_engines
+from rlkube_runtime.serving.launch import start_engines
+from rlkube_runtime.serving.router import RouterProcess
 from rlkube_runtime.tiny.model import build_tiny_checkpoint
 
 # Fast failure detection, so a killed engine leaves the rotation within a couple of seconds.

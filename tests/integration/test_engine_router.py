@@ -22,7 +22,8 @@ from engine_fixtures import (  # noqa: F401  (fixtures)
     wait_until,
 )
 from rlkube_runtime.serving.client import EngineAdmin, EngineHTTPError, RolloutClient
-from rlkube_runtime.serving.launch import ProcessStartError, RouterProcess, start_engine, start_engines
+from rlkube_runtime.serving.launch import ProcessStartError, start_engine, start_engines
+from rlkube_runtime.serving.router import RouterProcess
 
 pytestmark = pytest.mark.slow
 

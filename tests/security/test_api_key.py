@@ -17,7 +17,8 @@ import pytest
 from rlkube_operator import render
 from rlkube_operator.settings import OperatorSettings
 from rlkube_runtime.serving.client import EngineAdmin, EngineHTTPError, RolloutClient
-from rlkube_runtime.serving.launch import RouterProcess, start_engine
+from rlkube_runtime.serving.launch import start_engine
+from rlkube_runtime.serving.router import RouterProcess
 from rlkube_runtime.tiny.model import build_tiny_checkpoint
 
 KEY = "job-key-5e3f"

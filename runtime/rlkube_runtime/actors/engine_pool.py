@@ -94,7 +94,8 @@ class EnginePool:
         """The real sglang-router in front of the engines, and the health watch; returns its URL.
         The router starts while the engines do (it runs with no workers), and each engine is
         registered as it would be after a restart (`POST /workers`) once all of them answer."""
-        from rlkube_runtime.serving.launch import RouterProcess, node_ip
+        from rlkube_runtime.serving.launch import node_ip
+        from rlkube_runtime.serving.router import RouterProcess
 
         self._router = RouterProcess(
             worker_urls=[],

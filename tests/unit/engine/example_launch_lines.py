@@ -17,7 +17,8 @@ import pathlib
 import shlex
 
 from rlkube_runtime.actors.engine import EngineActor, engine_actor_options
-from rlkube_runtime.serving.launch import RouterProcess, engine_command, engine_launch_spec
+from rlkube_runtime.serving.launch import engine_command, engine_launch_spec
+from rlkube_runtime.serving.router import RouterProcess
 from rlkube_runtime.serving.sglang_args import SGLangServerConfig, engine_nodes, sglang_server_args
 from rlkube_runtime.spec import RLJob, load_rljob
 from rlkube_runtime.topology import plan_topology

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from rlkube_runtime.serving.launch import EngineLaunchSpec, RouterProcess, engine_launch_spec, cli_flags, engine_command
+from rlkube_runtime.serving.launch import EngineLaunchSpec, engine_launch_spec, cli_flags, engine_command
+from rlkube_runtime.serving.router import RouterProcess
 
 
 def test_cli_flags_turn_a_dict_into_flags():

@@ -45,7 +45,8 @@ def test_the_jobs_api_key_is_on_the_line_when_there_is_one():
 
 def test_the_launcher_takes_the_key_from_the_pods_environment_and_never_logs_it(monkeypatch, tmp_path):
     from rlkube_runtime.serving.auth import redacted
-    from rlkube_runtime.serving.launch import RouterProcess, engine_command
+    from rlkube_runtime.serving.launch import engine_command
+    from rlkube_runtime.serving.router import RouterProcess
 
     monkeypatch.setenv("RLKUBE_API_KEY", "k3y")
     for kind in ("builtin", "sglang"):
