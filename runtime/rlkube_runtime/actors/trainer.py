@@ -25,7 +25,7 @@ from rlkube_runtime.serving.launch import node_ip
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.trainer.batch import TrainBatch
 from rlkube_runtime.trainer.config import TrainerConfig
-from rlkube_runtime.trainer.rng import capture_rng_state, restore_rng_state
+from rlkube_runtime.trainer.rng import restore_rng_state
 from rlkube_runtime.trainer.registry import build_backend, check_trainer_supports
 
 __all__ = ["TrainerWorker", "check_trainer_supports", "logprob_abs_diff", "to_train_batch"]
@@ -121,18 +121,17 @@ class TrainerWorker:
         torch backend has nothing to do (every rank holds the whole model)."""
         self.backend.gather_for_push(keep)
 
-    def save(self, directory: str) -> dict[str, Any]:
+    def save(self, directory: str) -> str | None:
         """This rank's part of a checkpoint into `directory` (collective), in the backend's own
-        format; returns what the checkpoint's payload records of this rank: the format, and for
-        the torch format this rank's random streams."""
+        format, which it returns for the checkpoint's payload."""
         self.backend.save(directory)
-        fmt = self.backend.checkpoint_format
-        return {"format": fmt, "rng": None if fmt else capture_rng_state()}
+        return self.backend.checkpoint_format
 
     def load(self, directory: str, fmt: str | None, state: dict[str, Any] | None = None,
              rng: dict[str, Any] | None = None) -> None:
-        """Restore what `save` wrote (collective). `state`: rank 0's trainer state from the payload
-        of a checkpoint written before the trainer wrote it itself; `rng`: this rank's streams."""
+        """Restore what `save` wrote (collective). From a checkpoint written before the trainer
+        wrote its own files: `state`, rank 0's trainer state from its payload, and `rng`, this
+        rank's streams."""
         if fmt != self.backend.checkpoint_format:
             raise ValueError(f"the checkpoint in {directory} is in the {fmt or 'torch'} trainer format; "
                              f"spec.training.backend {self.spec.training.backend!r} reads "
@@ -143,13 +142,6 @@ class TrainerWorker:
             self.backend.load(directory)
         if rng is not None:
             restore_rng_state(rng)
-
-    def save_distributed(self, directory: str) -> None:
-        """Megatron: this rank's shards of model and optimizer and its RNG into `directory` (collective)."""
-        self.backend.save_distributed(directory)
-
-    def load_distributed(self, directory: str) -> None:
-        self.backend.load_distributed(directory)
 
     def push_weights(self, urls: list[str], plan, version: str):
         """Load this rank's weights into the engines at `urls` (paused and flushed by the engine
@@ -176,21 +168,6 @@ class TrainerWorker:
     def save_hf(self, directory: str) -> str:
         """The current weights as an HF directory (after `stage_weights`; on one rank)."""
         return str(self.backend.save_hf(directory))
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.backend.state_dict()
-
-    def rng_state(self) -> dict[str, Any]:
-        """This rank's random generators: each rank's streams are saved, since dropout or any
-        rank-dependent draw makes them differ."""
-        return capture_rng_state()
-
-    def load_state_dict(self, state: dict[str, Any], rng: dict[str, Any] | None = None) -> None:
-        """Model, optimizer and schedule from `state`; random generators from `rng` (this rank's
-        own, saved by `rng_state`) when given, else the ones in `state`."""
-        self.backend.load_state_dict(state)
-        if rng is not None:
-            restore_rng_state(rng)
 
     def release(self, keep_weights: bool = False) -> None:
         self.backend.release(keep_weights=keep_weights)

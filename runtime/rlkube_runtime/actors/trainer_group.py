@@ -84,15 +84,14 @@ class TrainerGroup:
 
     def save(self, directory: Path) -> dict[str, Any]:
         """Every rank's part of a checkpoint into `directory` (collective); returns what the
-        checkpoint's payload records of the trainer (its format, every rank's random streams)."""
-        parts = self._all("save", str(directory))
-        if parts[0]["format"] is not None:  # its own files hold every rank's streams
-            return {"trainer_format": parts[0]["format"]}
-        return {"trainer_rng": [part["rng"] for part in parts]}  # the torch format, the first: no marker
+        checkpoint's payload records of the trainer: its format (none for the torch format, the first)."""
+        fmt = self._all("save", str(directory))[0]
+        return {} if fmt is None else {"trainer_format": fmt}
 
     def load(self, directory: Path, payload: dict[str, Any]) -> None:
-        """Restore what `save` wrote (collective); each rank takes its own random streams, or
-        rank 0's from a checkpoint of another world size."""
+        """Restore what `save` wrote (collective). A checkpoint from before the ranks wrote their
+        own random streams holds them in its payload: each rank takes its own back, or rank 0's
+        (inside the trainer state) from a checkpoint of another world size."""
         rngs = payload.get("trainer_rng") or []
         if len(rngs) != len(self.handles):
             rngs = [None] * len(self.handles)

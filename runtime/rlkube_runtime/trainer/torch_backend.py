@@ -53,6 +53,7 @@ GPU_MAX_TOKENS_PER_MICRO_BATCH = 16384
 
 # The trainer state in a checkpoint directory (see TorchBackend.save).
 STATE_FILE = "trainer_state.pt"
+RNG_DIR = "trainer_rng"
 
 __all__ = ["COMPILE_ENV", "STATE_FILE", "TorchBackend", "compile_decoder_layers", "compile_enabled"]
 
@@ -211,27 +212,36 @@ class TorchBackend(TrainerBackend):
     # -- checkpoints ----------------------------------------------------------------------
 
     # In a checkpoint directory: `state_dict()` in STATE_FILE, written by rank 0 (the state is the
-    # same on every rank) and read by every rank. The first format: the payload marks none.
+    # same on every rank) and read by every rank, and each rank's random streams in RNG_DIR (dropout
+    # or any rank-dependent draw makes them differ). The first format: the payload marks none.
     checkpoint_format: str | None = None
 
     def save(self, directory: str | Path) -> None:
         """Collective in name: rank 0 writes the whole trainer state (weights and Adam moments,
-        12 bytes a parameter) straight to `directory`, so it never travels through Ray."""
+        12 bytes a parameter) straight to `directory`, so it never travels through Ray; every rank
+        writes its own random streams beside it."""
         from .checkpoint import save_torch_file
 
         if self.rank == 0:
             save_torch_file(Path(directory) / STATE_FILE, self.state_dict())
+        streams = _rng_file(directory, self.rank, self.world_size)
+        streams.parent.mkdir(exist_ok=True)
+        save_torch_file(streams, capture_rng_state())
 
     def load(self, directory: str | Path) -> None:
-        """Every rank reads what `save` wrote."""
+        """Every rank reads what `save` wrote and takes its own random streams back; from a
+        checkpoint of another world size (or one written before ranks saved theirs), rank 0's."""
         self.load_state_dict(torch.load(Path(directory) / STATE_FILE, map_location="cpu", weights_only=True))
+        mine = _rng_file(directory, self.rank, self.world_size)
+        if mine.is_file():
+            restore_rng_state(torch.load(mine, map_location="cpu", weights_only=True))
 
     def state_dict(self) -> dict[str, Any]:
         """CPU copies of model, optimizer, scheduler and this process's RNG state.
 
         Not collective (call it on one rank): weights and optimizer state are the same on every
-        rank. The RNG state is this rank's; the job saves every rank's streams beside it
-        (`TrainerWorker.save`) so each rank resumes with its own.
+        rank. The RNG state is this rank's; `save` writes every rank's streams beside it so each
+        rank resumes with its own.
         """
         return {
             "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
@@ -418,3 +428,9 @@ def _no_forward_buffer_sync() -> dict[str, bool]:
 
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+
+
+def _rng_file(directory: str | Path, rank: int, world_size: int) -> Path:
+    """Where rank `rank` of `world_size` keeps its random streams: the world size is in the name,
+    so ranks of another world size find none and keep rank 0's."""
+    return Path(directory) / RNG_DIR / f"rank{rank}-of-{world_size}.pt"

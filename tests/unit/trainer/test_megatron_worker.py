@@ -52,10 +52,10 @@ def test_a_megatron_rank_trains_like_a_torch_rank_and_round_trips_its_checkpoint
     for name, tensor in exported.items():
         assert (reloaded[name] - tensor).abs().max() < 5e-5, name  # one Adam step apart by float noise only
 
-    mega.save_distributed(str(tmp_path / "ckpt"))
+    assert mega.save(str(tmp_path / "ckpt")) == "megatron_dist"
     expected = mega.train(1, _samples())
     other = TrainerWorker(_spec("megatron"), hf_checkpoint=str(tiny_checkpoint))
-    other.load_distributed(str(tmp_path / "ckpt"))
+    other.load(str(tmp_path / "ckpt"), "megatron_dist")
     assert other.train(1, _samples()) == expected
 
 
