@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rlkube_runtime.actors.engine import EngineActor, engine_actor_options
+from rlkube_runtime.serving.client import engine_unreachable
 from rlkube_runtime.spec import RLJobSpec
-from rlkube_runtime.weight_sync.coordinator import SyncReport, run_sync
+from rlkube_runtime.weight_sync.coordinator import SyncReport, pause, resume_and_check, run_sync, sync_engines
 from rlkube_runtime.weight_sync.plan import SyncPlan
 
 log = logging.getLogger(__name__)
@@ -176,38 +177,19 @@ class EnginePool:
 
     async def update_weights(self, version: str) -> SyncReport:
         """Pause and flush every engine, have the trainer push its weights, resume, and check that
-        each engine reports `version`. An engine that fails on the way is replaced (and given the
-        weights) before it rejoins. Returns the push's figures (bytes and seconds per engine)."""
+        each engine reports `version` (`weight_sync.sync_engines`). An engine that fails on the
+        way is replaced (and given the weights) before it rejoins. Returns the push's figures."""
         self.raise_if_failed()
         async with self._lock:
-            urls = list(self._urls)
-            paused = await asyncio.gather(*(self._pause(url) for url in urls), return_exceptions=True)
-            dead = {j for j, result in enumerate(paused) if isinstance(result, BaseException)}
-            for j in dead:
-                if not _engine_unreachable(paused[j]):
-                    raise paused[j]
-            report = await self._push(version, [j for j in range(len(urls)) if j not in dead])
-            for j in sorted(dead | {urls.index(url) for url in report.failed}):
-                # The engine died since the last health check: replace it now; the replacement
-                # gets these weights before it joins the router.
-                log.warning("engine %s did not take weights version %s; replacing it", urls[j], version)
-                self._synced_version = version
-                await self._replace_engine_locked(j)
-            await asyncio.gather(*(self._resume_and_check(url, version) for url in self._urls))
+            report = await sync_engines(self._sync_plan, self._push_from, self, version)
             self._synced_version = version
             return report
 
-    async def _pause(self, url: str) -> None:
-        admin = self._admin(url)
-        await admin.pause_generation()
-        await admin.flush_cache()
-
-    async def _resume_and_check(self, url: str, version: str) -> None:
-        admin = self._admin(url)
-        await admin.continue_generation()
-        got = await admin.get_weight_version()
-        if got != version:
-            raise RuntimeError(f"engine {url} reports weight version {got!r} after loading {version!r}")
+    async def replace_lost(self, j: int, version: str) -> None:
+        """Engine j died since the last health check (the sync of `version` found it): replace it
+        now; the replacement gets these weights before it joins the router."""
+        self._synced_version = version
+        await self._replace_engine_locked(j)
 
     async def _push(self, version: str, engines: list[int], urls: dict[int, str] | None = None) -> SyncReport:
         """Push `version` (the trainer's current weights) to these engines, each from its pusher
@@ -230,14 +212,14 @@ class EnginePool:
         dead engine holds no memory, and the health check (or the next weight sync) replaces it
         with one that starts with its memory in place."""
         urls = list(self._urls)
-        results = await asyncio.gather(*(call(self._admin(url)) for url in urls), return_exceptions=True)
+        results = await asyncio.gather(*(call(self.admin(url)) for url in urls), return_exceptions=True)
         for url, result in zip(urls, results):
             if isinstance(result, BaseException):
-                if not _engine_unreachable(result):
+                if not engine_unreachable(result):
                     raise result
                 log.warning("engine %s did not answer (%s); it will be replaced", url, result)
 
-    def _admin(self, url: str):
+    def admin(self, url: str):
         """The engine's control client: one per engine for the run, so one connection pool and
         not a new session and connection for every call."""
         from rlkube_runtime.serving.client import EngineAdmin
@@ -318,14 +300,14 @@ class EnginePool:
             try:
                 new = await self._restarted(j)
                 if self._synced_version is not None:
-                    await self._pause(new)
+                    await pause(self.admin(new))
                     report = await self._push(self._synced_version, [j], urls={j: new})
                     if report.failed:
                         raise RuntimeError(f"the replacement did not take the weights: {report.failed[new]}")
-                    await self._resume_and_check(new, self._synced_version)
+                    await resume_and_check(self.admin(new), new, self._synced_version)
                 # What the replacement holds as it joins the router, asked of the engine itself:
                 # the record that a joining engine serves the trainer's latest weights.
-                serving = await self._admin(new).get_weight_version()
+                serving = await self.admin(new).get_weight_version()
                 break
             except Exception as err:  # the next attempt stops whatever this one left running
                 log.warning("engine %d: replacement %d failed: %s", j, self._restarts_total, err)
@@ -374,14 +356,3 @@ class EnginePool:
             )
         self._restarts_total += 1
         self._restarts_unreported += 1
-
-
-def _engine_unreachable(error: BaseException) -> bool:
-    """Connection failures and 5xx answers after the client's retries: the engine is gone."""
-    import aiohttp
-
-    from rlkube_runtime.serving.client import EngineHTTPError
-
-    if isinstance(error, EngineHTTPError):
-        return error.status >= 500
-    return isinstance(error, (aiohttp.ClientConnectionError, asyncio.TimeoutError))

@@ -324,3 +324,11 @@ def _error_message(text: str) -> str:
         if isinstance(error, dict) and "message" in error:
             return str(error["message"])
     return text.strip()[:1000]
+
+
+def engine_unreachable(error: BaseException) -> bool:
+    """Connection failures and 5xx answers after the client's retries: the engine is gone (and is
+    replaced), unlike a 4xx, which is a request the engine refused."""
+    if isinstance(error, EngineHTTPError):
+        return error.status >= 500
+    return isinstance(error, (aiohttp.ClientConnectionError, asyncio.TimeoutError))

@@ -1,12 +1,12 @@
 """The whole trainer -> engine weight sync, in SGLang's API shapes.
 
 `plan` decides who sends what to whom (`SyncPlan`: each engine's pushing trainer rank and the
-transport); `coordinator` runs a plan over the pushing ranks and merges what they did into one
-`SyncReport`; `sender` is one rank's push through one of four transports: CUDA IPC /
-shared-memory handles (`tensor`), a NCCL or gloo broadcast (`distributed`), bytes over HTTP
-(`http`) or an HF directory on shared storage (`disk`); `buckets` plans which tensors (or blocks
-of rows) travel together. The loop, the actors and the backends call these; none of them pushes
-weights itself.
+transport); `coordinator` runs a sync (engines paused, the plan run over the pushing ranks,
+engines resumed at the new version) and merges what the ranks did into one `SyncReport`; `sender`
+is one rank's push through one of four transports: CUDA IPC / shared-memory handles (`tensor`), a
+NCCL or gloo broadcast (`distributed`), bytes over HTTP (`http`) or an HF directory on shared
+storage (`disk`); `buckets` plans which tensors (or blocks of rows) travel together. The loop, the
+actors and the backends call these; none of them pushes weights itself.
 """
 
 from importlib import import_module
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 # side (the engine actors, the rollout manager) needs only `plan` and `coordinator`.
 _HOMES = {
     "Piece": "buckets", "plan_buckets": "buckets",
-    "SyncReport": "coordinator", "run_sync": "coordinator",
+    "SyncReport": "coordinator", "SyncTarget": "coordinator", "run_sync": "coordinator",
+    "sync_engines": "coordinator",
     "TRANSPORTS": "plan", "SyncPlan": "plan", "engine_dtype": "plan", "plan_sync": "plan",
     "weight_sync_transport": "plan",
     "WeightSender": "sender",
@@ -25,7 +26,7 @@ __all__ = sorted(_HOMES)
 
 if TYPE_CHECKING:
     from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
-    from rlkube_runtime.weight_sync.coordinator import SyncReport, run_sync
+    from rlkube_runtime.weight_sync.coordinator import SyncReport, SyncTarget, run_sync, sync_engines
     from rlkube_runtime.weight_sync.plan import TRANSPORTS, SyncPlan, engine_dtype, plan_sync, weight_sync_transport
     from rlkube_runtime.weight_sync.sender import WeightSender
 
