@@ -217,7 +217,10 @@ class MegatronBackend(TrainerBackend):
         with self._weights_resident():
             return self._export_weights()
 
-    def _export_weights(self) -> dict[str, torch.Tensor]:
+    def _export_weights(self, *, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """HF-named tensors of the whole model: float32 host copies, or (`on_device`) the
+        gathered tensors where they are, in the training dtype, views of the weights where one
+        rank holds the whole of one."""
         from megatron.core import parallel_state as ps
 
         offset = layer_offset(self.model)
@@ -226,15 +229,20 @@ class MegatronBackend(TrainerBackend):
             if name == "output_layer.weight" and self.arch.tie_word_embeddings:
                 continue  # a copy of the word embeddings on the last stage
             full = self._gather_tp(name, tensor.detach())
-            mine[convert.to_global_layer(name, offset)] = full.to("cpu", torch.float32, copy=True)
+            mine[convert.to_global_layer(name, offset)] = full if on_device else full.to("cpu", torch.float32, copy=True)
         if self.pp_size > 1:
             mine = all_gather_stages(mine, ps.get_pipeline_model_parallel_group(), self.device)
         return convert.megatron_to_hf(mine, self.arch)
 
     def gather_for_push(self, keep: bool = True) -> None:
-        """Collective: the whole model (`export_weights`) kept on the ranks that push (`keep`),
-        for the pushes that follow, which run on those ranks alone."""
-        weights = self.export_weights()
+        """Collective: the whole model kept on the ranks that push (`keep`), for the pushes that
+        follow, which run on those ranks alone. With the weights on the GPU and one pipeline
+        stage, the tensors stay there in the training dtype (no host copy, no float32 upcast:
+        the sender stages them on the GPU for the engines); `release` drops them."""
+        if not self.cpu and self.pp_size == 1 and not self._weights_offloaded:
+            weights = self._export_weights(on_device=True)
+        else:
+            weights = self.export_weights()
         self._gathered = weights if keep else None
 
     def weights_for_push(self):
@@ -242,7 +250,8 @@ class MegatronBackend(TrainerBackend):
 
     def save_hf(self, directory: str | Path) -> Path:
         """The weights of the last `gather_for_push` as an HF directory; on one rank."""
-        return write_hf_directory(self._gathered_weights(), directory, self.config.model.hf_checkpoint,
+        weights = {name: t.to("cpu", torch.float32) for name, t in self._gathered_weights().items()}
+        return write_hf_directory(weights, directory, self.config.model.hf_checkpoint,
                                   trust_remote_code=self.config.model.trust_remote_code,
                                   tied=self.arch.tie_word_embeddings)
 
@@ -300,6 +309,7 @@ class MegatronBackend(TrainerBackend):
         fp32 shards and moments moved to the host, the CUDA cache emptied. megatron-core's
         buffer offload keeps every parameter a view of its buffer, so nothing is re-wired on
         resume. On CPU only the gradients go. Forward passes raise until `restore`."""
+        self._gathered = None  # views of the weights being moved (gather_for_push), or host copies
         if not self._released:  # released already (the weights kept): the gradient buffers are gone
             self._zero_grad()
         if not self.cpu:
