@@ -26,6 +26,10 @@ SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden
              num_attention_heads=8, num_key_value_heads=4, head_dim=64)
 LENGTHS = [(64, 32), (96, 40), (40, 16), (128, 64), (80, 24), (50, 20), (110, 30), (70, 70 - 8)]
 BF16_REL = 2e-2  # bf16 compute against the torch backend's bf16 autocast: different kernels and orders
+# One advantage per sample, all positive: the loss is about -mean(A) x ratio, far from zero, so a
+# relative bound on it compares the backends (random per-token advantages nearly cancel, and the
+# bound then measures bf16 noise on a sum close to 0).
+ADVANTAGES = [1.0, 0.5, 1.0, 0.75, 1.0, 0.5, 1.0, 0.25]
 
 
 def _config(path) -> TrainerConfig:
@@ -35,7 +39,7 @@ def _config(path) -> TrainerConfig:
 
 
 def _batch(old=None):
-    batch = random_batch(LENGTHS, vocab=(8, 4000))
+    batch = random_batch(LENGTHS, vocab=(8, 4000), advantages=ADVANTAGES)
     return batch if old is None else batch.with_fields(old_log_probs=[o + 0.05 for o in old])
 
 
@@ -68,9 +72,9 @@ def _first_step(rank, world, store, result, hf, tensor, pipeline, sp):
 
     _init(rank, world, store)
     backend = MegatronBackend(_config(hf), ParallelSizes(tensor=tensor, pipeline=pipeline, sequence_parallel=sp))
-    batch = _batch(backend.log_probs(_batch()).log_probs)
-    metrics = backend.train_step(batch)
-    out = {"metrics": metrics}
+    log_probs = backend.log_probs(_batch()).log_probs
+    metrics = backend.train_step(_batch(log_probs))
+    out = {"metrics": metrics, "log_probs": [t.float().cpu() for t in log_probs]}
     if world == 1:  # the colocated hand-off, on one GPU
         before = torch.cuda.memory_allocated()
         weights = backend.export_weights()
@@ -82,7 +86,7 @@ def _first_step(rank, world, store, result, hf, tensor, pipeline, sp):
         out["params"] = sum(v.numel() for k, v in weights.items() if k != "lm_head.weight")
         out["export_while_released_equal"] = all(torch.equal(v, weights[k]) for k, v in backend.export_weights().items())
         backend.restore()
-        out["after_resume"] = backend.train_step(batch)
+        out["after_resume"] = backend.train_step(_batch(log_probs))
     if rank == 0:
         torch.save(out, result)
 
@@ -91,15 +95,23 @@ def _torch_first_step(hf):
     from rlkube_runtime.trainer.torch_backend import TorchBackend
 
     backend = TorchBackend(_config(hf), device="cuda")
-    batch = _batch(backend.log_probs(_batch()).log_probs)
-    return backend.train_step(batch)
+    log_probs = backend.log_probs(_batch()).log_probs
+    return backend.train_step(_batch(log_probs)), [t.float().cpu() for t in log_probs]
+
+
+def _assert_same_log_probs(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    """Per-token log-probs of the same weights and batch in both backends, within bf16 noise."""
+    diff = torch.cat([(g - w).abs() for g, w in zip(got, want, strict=True)])
+    assert diff.mean() < 0.02 and diff.max() < 0.25, (diff.mean(), diff.max())
 
 
 def test_one_gpu_bf16_step_matches_the_torch_backend_and_releases_memory(qwen3, tmp_path):
     got = _spawn(1, _first_step, tmp_path, str(qwen3), 1, 1, False)
-    want = _torch_first_step(qwen3)
+    want, want_log_probs = _torch_first_step(qwen3)
+    _assert_same_log_probs(got["log_probs"], want_log_probs)
     m = got["metrics"]
     assert m["loss"] == pytest.approx(want["loss"], rel=BF16_REL)
+    assert m["pg_loss"] == pytest.approx(want["pg_loss"], rel=BF16_REL)
     assert m["grad_norm"] == pytest.approx(want["grad_norm"], rel=5 * BF16_REL)
     assert m["num_micro_batches"] == want["num_micro_batches"] > 1
     # At least the fp32 master weights and both Adam moments (12 bytes a parameter) left the GPU.
@@ -112,8 +124,10 @@ def test_one_gpu_bf16_step_matches_the_torch_backend_and_releases_memory(qwen3, 
 @pytest.mark.parametrize(("tensor", "pipeline", "sp"), [(2, 1, False), (2, 1, True), (1, 2, False)],
                          ids=["tp2", "tp2-sp", "pp2"])
 def test_two_gpu_first_step_loss_matches_the_torch_backend(qwen3, tmp_path, tensor, pipeline, sp):
-    got = _spawn(2, _first_step, tmp_path, str(qwen3), tensor, pipeline, sp)["metrics"]
-    want = _torch_first_step(qwen3)
+    result = _spawn(2, _first_step, tmp_path, str(qwen3), tensor, pipeline, sp)
+    got = result["metrics"]
+    want, want_log_probs = _torch_first_step(qwen3)
+    _assert_same_log_probs(result["log_probs"], want_log_probs)
     assert got["loss"] == pytest.approx(want["loss"], rel=BF16_REL)
     assert got["pg_loss"] == pytest.approx(want["pg_loss"], rel=BF16_REL)
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=5 * BF16_REL)
