@@ -5,16 +5,16 @@ as JSON)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from rlkube_runtime import proc
 
 
 def display_path(path: Path) -> str:
@@ -125,42 +125,30 @@ def write_results(report: str, figures: dict[str, Any], command: str, *, out: st
 
 def timed_subprocess(cmd: list[str], log_path: Path, *, timeout: float, env: dict | None = None,
                      echo: re.Pattern | None = None) -> tuple[int, float]:
-    """Run `cmd` to its end in its own process group, the command line and then its stdout+stderr
-    in `log_path`. Past `timeout` seconds the whole group is killed, so a run's own children (Ray's
-    raylet and workers, engine servers) do not outlive it, and the exit code is 124. Log lines
+    """Run `cmd` to its end in its own process group (`rlkube_runtime.proc`, as the runtime starts
+    its servers), the command line and then its stdout+stderr in `log_path`. Past `timeout`
+    seconds the whole group is stopped, so a run's own children (Ray's raylet and workers, engine
+    servers) do not outlive it, and the exit code is 124. Log lines
     matching `echo` are printed as they appear, with the seconds so far, to show a long run's
     progress. Returns (exit code, wall seconds)."""
     with Stopwatch() as watch, open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        child = proc.start(cmd, stdout=log, env=env)
         rc = None
         with open(log_path, encoding="utf-8", errors="replace") as follow:
             while rc is None:
                 try:
-                    rc = proc.wait(timeout=2)
+                    rc = child.wait(timeout=2)
                 except subprocess.TimeoutExpired:
                     if watch.seconds > timeout:
-                        _kill_group(proc)
+                        proc.stop_group(child)
                         rc = 124
                 if echo is not None:
                     for line in follow.readlines():
                         if echo.match(line):
                             print(f"  [{watch.seconds:5.0f}s] {line.rstrip()}", flush=True)
     return rc, watch.seconds
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 # --- TRL's GRPOTrainer (imported only where it is called: the TRL child processes) -------------
