@@ -1,4 +1,5 @@
-"""The sglang-router process and its worker API, apart from launch.py to keep that module under 500 lines."""
+"""The real sglang-router as a child process, and its worker API: the engines are added to it and
+removed from it one by one as they start, die and are replaced."""
 
 from __future__ import annotations
 
