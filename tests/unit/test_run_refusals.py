@@ -70,3 +70,12 @@ def test_a_missing_data_file_is_not_reported_as_a_spec_refusal(tmp_path, reporte
     assert _run(tmp_path, job) == 2
     assert reporter.refusals == []
     assert "rlkube run: spec.data.promptData: " in capsys.readouterr().err
+
+
+def test_parallel_sizes_the_model_cannot_be_split_into_are_refused_at_start(tmp_path, reporter):
+    """The tiny model (2 layers) is built first; then its config.json is checked, as `rlkube
+    validate` checks a local hfCheckpoint's (spec/model_fit.py)."""
+    job = {**JOB, "spec": {**JOB["spec"], "model": {"preset": "tiny"}, "parallelism": {"pipeline": 4},
+                           "resources": {"placement": "colocated", "trainer": {"gpusPerNode": 4}}}}
+    assert _run(tmp_path, job) == 2
+    assert reporter.refusals == ["spec.parallelism.pipeline: 4 does not divide the model's 2 layers"]

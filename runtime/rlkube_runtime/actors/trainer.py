@@ -23,6 +23,7 @@ from rlkube_runtime.node_network import (
 )
 from rlkube_runtime.serving.launch import node_ip
 from rlkube_runtime.spec import RLJobSpec
+from rlkube_runtime.spec.backend_rules import chosen_backend
 from rlkube_runtime.trainer.batch import TrainBatch
 from rlkube_runtime.trainer.config import TrainerConfig
 from rlkube_runtime.trainer.rng import restore_rng_state
@@ -134,7 +135,7 @@ class TrainerWorker:
         rank's streams."""
         if fmt != self.backend.checkpoint_format:
             raise ValueError(f"the checkpoint in {directory} is in the {fmt or 'torch'} trainer format; "
-                             f"spec.training.backend {self.spec.training.backend!r} reads "
+                             f"the {chosen_backend(self.spec)[0]} backend reads "
                              f"{self.backend.checkpoint_format or 'torch'}")
         if state is not None:
             self.backend.load_state_dict(state)

@@ -114,6 +114,7 @@ def prepare_run(
     out = Path(output_dir or spec.model.save or Path("runs") / job.metadata.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     model_path = _initial_model(job, out)
+    _check_model_fit(spec, model_path)
     if mode != "train-only":
         _check_data(job, model_path)
     checkpoint_root = out / "checkpoints"
@@ -159,6 +160,16 @@ def _initial_model(job: RLJob, out: Path) -> str:
             "For a named architecture give spec.model.hfCheckpoint instead"
         )
     raise InvalidSpec("spec.model: set hfCheckpoint (or preset: tiny); `load` alone has no architecture to start from")
+
+
+def _check_model_fit(spec, model_path: str) -> None:
+    """The parallel sizes against the model's own shape, when its config.json is at hand."""
+    from rlkube_runtime.spec.model_fit import model_fit_violations, read_model_config
+
+    config = read_model_config(model_path)
+    violations = model_fit_violations(spec, config) if config is not None else []
+    if violations:
+        raise InvalidSpec("; ".join(f"spec.{path}: {message}" for path, message in violations))
 
 
 def _check_data(job: RLJob, model_path: str) -> None:

@@ -1,31 +1,35 @@
 """What each trainer backend (spec.training.backend) can honour of spec.parallelism and
-spec.model.megatronArgs, refused with one message per field rather than ignored.
+spec.model.megatronArgs, refused with one message per field rather than ignored, and which
+backend `auto` (the default) chooses.
 
 torch trains data-parallel replicas of the whole model: every setting that splits the model
-(tensor, pipeline, context, expert, sequenceParallel), selective recompute and Megatron arguments
-need the megatron backend. megatron puts one model replica on tensor x pipeline x context GPUs, so
-that product must divide the trainer's GPUs (resources.trainer.nodes x gpusPerNode); its expert
-groups take expert x tensor x pipeline GPUs (Megatron-core's expert tensor size defaults to
-tensor), which must divide them too; sequence parallelism splits along the tensor ranks.
+(tensor, pipeline, sequenceParallel), selective recompute and Megatron arguments need the
+megatron backend, which `auto` chooses when any of them is set. megatron puts one model replica
+on tensor x pipeline GPUs, so that product must divide the trainer's GPUs (resources.trainer.nodes
+x gpusPerNode); sequence parallelism splits along the tensor ranks. Neither backend builds context
+parallelism (megatron-core's needs TransformerEngine's attention) or mixture-of-experts models
+(so no expert parallelism): both sizes must be 1, whichever backend is asked for.
 
 Each rule is written once as a message template with %d placeholders: Python fills it with `%`
 (`backend_violations`, run by `rlkube validate`, the operator and the runtime) and the CRD's CEL
 with `.format()` (`BACKEND_RULES`), so the API server and `rlkube validate` refuse the same specs in
-the same words. One rule has no CEL side: megatronArgs' values are untyped in the CRD, which hides
-the map from CEL ("undefined field"); the API server takes such a spec and the operator, which
-validates with these models, fails it at once with reason InvalidSpec.
+the same words. megatronArgs has no CEL side: its values are untyped in the CRD, which hides the
+map from CEL ("undefined field"). So the API server takes a spec whose megatronArgs name an
+unknown key, or whose megatronArgs alone make `auto` choose megatron where megatron refuses
+float16; the operator, which validates with these models, fails it at once with reason InvalidSpec.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .megatron_args import megatron_args_violations
+
 _P = "self.parallelism"
 _T = "self.resources.trainer"
-_NOT_TORCH = "self.training.backend != 'torch'"
-_NOT_MEGATRON = "self.training.backend != 'megatron'"
+_IS_TORCH = "self.training.backend == 'torch'"
 _TRAINER_GPUS = f"{_T}.nodes * {_T}.gpusPerNode"
-_USE_MEGATRON = "set spec.training.backend: megatron"
+_USE_MEGATRON = "set spec.training.backend: megatron (or auto)"
 
 # The sizes that split the model over GPUs; the torch backend has none of them.
 MODEL_SPLIT_SIZES = ("tensor", "pipeline", "context", "expert")
@@ -46,15 +50,31 @@ TORCH_MEGATRON_ARGS_MESSAGE = (
     f"holds %d Megatron-core argument(s), which the torch backend does not read; {_USE_MEGATRON}, or remove them"
 )
 REPLICA_FIT_MESSAGE = (
-    "tensor(%d) x pipeline(%d) x context(%d) = %d GPUs per model replica must divide the trainer GPUs, "
-    "resources.trainer.nodes(%d) x gpusPerNode(%d) = %d"
-)
-EXPERT_FIT_MESSAGE = (
-    "expert(%d) x tensor(%d) x pipeline(%d) = %d GPUs per expert-parallel group must divide the trainer GPUs, "
+    "tensor(%d) x pipeline(%d) = %d GPUs per model replica must divide the trainer GPUs, "
     "resources.trainer.nodes(%d) x gpusPerNode(%d) = %d"
 )
 SEQUENCE_PARALLEL_MESSAGE = (
     "sequenceParallel splits activations along the tensor-parallel ranks and needs tensor > 1, got tensor(%d)"
+)
+CONTEXT_MESSAGE = (
+    "context(%d) > 1: context parallelism is not built (Megatron-core needs TransformerEngine attention for it; "
+    "the megatron backend runs the local layer spec on torch SDPA); use 1"
+)
+EXPERT_MESSAGE = (
+    "expert(%d) > 1: expert parallelism needs a mixture-of-experts model, which neither backend trains yet "
+    "(megatron: dense Llama, Qwen2, Qwen3); use 1"
+)
+FLOAT16_MESSAGE = (
+    "float16 needs loss scaling, which the megatron backend does not do; use bfloat16 (or float32), or the torch "
+    "backend"
+)
+
+# CEL: the spec's backend is megatron, or auto with something only megatron does (megatronArgs
+# aside: CEL cannot see them).
+_CHOOSES_MEGATRON = (
+    "(self.training.backend == 'megatron' || (self.training.backend == 'auto' && has(self.parallelism) && ("
+    + " || ".join(f"{_P}.{size} > 1" for size in MODEL_SPLIT_SIZES)
+    + f" || {_P}.sequenceParallel || {_P}.recompute == 'selective')))"
 )
 
 
@@ -67,59 +87,91 @@ def _fits(group: str) -> str:
     return f"{group} == 1 || ({_TRAINER_GPUS} >= {group} && ({_TRAINER_GPUS}) % ({group}) == 0)"
 
 
-def _fit_rule(
-    template: str, sizes: tuple[str, str, str], field_path: str, *, unless: str | None = None
-) -> dict[str, str]:
-    """A group of sizes[0] x sizes[1] x sizes[2] GPUs must divide the trainer's (`unless` CEL holds)."""
-    group = " * ".join(f"{_P}.{s}" for s in sizes)
-    args = [*(f"{_P}.{s}" for s in sizes), group, f"{_T}.nodes", f"{_T}.gpusPerNode", _TRAINER_GPUS]
-    return {
-        "rule": " || ".join(c for c in ("!has(self.parallelism)", _NOT_MEGATRON, unless, _fits(group)) if c),
-        "messageExpression": _cel_message(template, args),
-        "fieldPath": field_path,
-    }
-
+_REPLICA = f"{_P}.tensor * {_P}.pipeline"
 
 BACKEND_RULES: tuple[dict[str, str], ...] = (
     *(
         {
-            "rule": f"!has(self.parallelism) || {_NOT_TORCH} || {_P}.{size} == 1",
+            "rule": f"!has(self.parallelism) || !({_IS_TORCH}) || {_P}.{size} == 1",
             "messageExpression": _cel_message(TORCH_SIZE_MESSAGE.format(field=size), [f"{_P}.{size}"]),
             "fieldPath": f".parallelism.{size}",
         }
-        for size in MODEL_SPLIT_SIZES
+        for size in ("tensor", "pipeline")
+    ),
+    *(
+        {
+            "rule": f"!has(self.parallelism) || {_P}.{size} == 1",
+            "messageExpression": _cel_message(template, [f"{_P}.{size}"]),
+            "fieldPath": f".parallelism.{size}",
+        }
+        for size, template in (("context", CONTEXT_MESSAGE), ("expert", EXPERT_MESSAGE))
     ),
     {
-        "rule": f"!has(self.parallelism) || {_NOT_TORCH} || !{_P}.sequenceParallel",
+        "rule": f"!has(self.parallelism) || !({_IS_TORCH}) || !{_P}.sequenceParallel",
         "message": TORCH_SEQUENCE_PARALLEL_MESSAGE,
         "fieldPath": ".parallelism.sequenceParallel",
     },
     {
-        "rule": f"!has(self.parallelism) || {_NOT_TORCH} || {_P}.recompute != 'selective'",
+        "rule": f"!has(self.parallelism) || !({_IS_TORCH}) || {_P}.recompute != 'selective'",
         "message": TORCH_SELECTIVE_RECOMPUTE_MESSAGE,
         "fieldPath": ".parallelism.recompute",
     },
-    _fit_rule(REPLICA_FIT_MESSAGE, ("tensor", "pipeline", "context"), ".parallelism"),
-    # With expert 1 the expert group divides a replica, which the rule above checks.
-    _fit_rule(EXPERT_FIT_MESSAGE, ("expert", "tensor", "pipeline"), ".parallelism.expert", unless=f"{_P}.expert == 1"),
     {
-        "rule": f"!has(self.parallelism) || {_NOT_MEGATRON} || !{_P}.sequenceParallel || {_P}.tensor > 1",
+        "rule": f"!has(self.parallelism) || !{_CHOOSES_MEGATRON} || {_fits(_REPLICA)}",
+        "messageExpression": _cel_message(
+            REPLICA_FIT_MESSAGE,
+            [f"{_P}.tensor", f"{_P}.pipeline", _REPLICA, f"{_T}.nodes", f"{_T}.gpusPerNode", _TRAINER_GPUS],
+        ),
+        "fieldPath": ".parallelism",
+    },
+    {
+        "rule": f"!has(self.parallelism) || !{_CHOOSES_MEGATRON} || !{_P}.sequenceParallel || {_P}.tensor > 1",
         "messageExpression": _cel_message(SEQUENCE_PARALLEL_MESSAGE, [f"{_P}.tensor"]),
         "fieldPath": ".parallelism.sequenceParallel",
     },
+    {
+        "rule": f"!{_CHOOSES_MEGATRON} || !has(self.model) || !has(self.model.dtype) || self.model.dtype != 'float16'",
+        "message": FLOAT16_MESSAGE,
+        "fieldPath": ".model.dtype",
+    },
 )
+
+
+def chosen_backend(spec: Any) -> tuple[str, str]:
+    """(backend, why): spec.training.backend, or for `auto` megatron when anything only megatron
+    does is asked for, torch otherwise. (A mixture-of-experts model would choose megatron too;
+    model_fit.py refuses one until a backend trains it.)"""
+    backend = spec.training.backend
+    if backend != "auto":
+        return backend, "spec.training.backend"
+    par = spec.parallelism
+    for size in MODEL_SPLIT_SIZES:
+        if getattr(par, size) > 1:
+            return "megatron", f"spec.parallelism.{size} is {getattr(par, size)}"
+    if par.sequence_parallel:
+        return "megatron", "spec.parallelism.sequenceParallel is on"
+    if par.recompute == "selective":
+        return "megatron", "spec.parallelism.recompute is selective"
+    if spec.model.megatron_args:
+        return "megatron", "spec.model.megatronArgs is set"
+    return "torch", "no parallelism size above 1 and no megatronArgs"
 
 
 def backend_violations(spec: Any) -> list[tuple[str, str]]:
     """The settings of `spec` (an RLJobSpec) its trainer backend cannot honour, as (path relative to
     spec, message) pairs in BACKEND_RULES' order; empty when it can honour them all."""
-    par, trainer, backend = spec.parallelism, spec.resources.trainer, spec.training.backend
+    par, trainer = spec.parallelism, spec.resources.trainer
+    backend, _ = chosen_backend(spec)
     violations: list[tuple[str, str]] = []
     if backend == "torch":
-        for size in MODEL_SPLIT_SIZES:
+        for size in ("tensor", "pipeline"):
             value = getattr(par, size)
             if value != 1:
                 violations.append((f"parallelism.{size}", TORCH_SIZE_MESSAGE.format(field=size) % value))
+    for size, template in (("context", CONTEXT_MESSAGE), ("expert", EXPERT_MESSAGE)):
+        if getattr(par, size) != 1:
+            violations.append((f"parallelism.{size}", template % getattr(par, size)))
+    if backend == "torch":
         if par.sequence_parallel:
             violations.append(("parallelism.sequenceParallel", TORCH_SEQUENCE_PARALLEL_MESSAGE))
         if par.recompute == "selective":
@@ -128,13 +180,13 @@ def backend_violations(spec: Any) -> list[tuple[str, str]]:
             violations.append(("model.megatronArgs", TORCH_MEGATRON_ARGS_MESSAGE % len(spec.model.megatron_args)))
     if backend == "megatron":
         gpus = trainer.nodes * trainer.gpus_per_node
-        for template, sizes, path, checked in (
-            (REPLICA_FIT_MESSAGE, (par.tensor, par.pipeline, par.context), "parallelism", True),
-            (EXPERT_FIT_MESSAGE, (par.expert, par.tensor, par.pipeline), "parallelism.expert", par.expert != 1),
-        ):
-            group = sizes[0] * sizes[1] * sizes[2]
-            if checked and group != 1 and (gpus < group or gpus % group):
-                violations.append((path, template % (*sizes, group, trainer.nodes, trainer.gpus_per_node, gpus)))
+        group = par.tensor * par.pipeline
+        if group != 1 and (gpus < group or gpus % group):
+            violations.append(("parallelism", REPLICA_FIT_MESSAGE % (
+                par.tensor, par.pipeline, group, trainer.nodes, trainer.gpus_per_node, gpus)))
         if par.sequence_parallel and par.tensor == 1:
             violations.append(("parallelism.sequenceParallel", SEQUENCE_PARALLEL_MESSAGE % par.tensor))
+        if spec.model.dtype == "float16":
+            violations.append(("model.dtype", FLOAT16_MESSAGE))
+        violations += megatron_args_violations(spec.model.megatron_args)
     return violations

@@ -69,12 +69,13 @@ class TrainingSpec(SpecModel):
         description="Optimizer steps taken on each rollout's samples. Default 1, >= 1; fixed after creation.",
         json_schema_extra=immutable_field("training.numStepsPerRollout"),
     )
-    backend: Literal["torch", "megatron"] = Field(
-        default="torch",
+    backend: Literal["auto", "torch", "megatron"] = Field(
+        default="auto",
         json_schema_extra=immutable_field("training.backend"),
         description="Trainer backend. torch: PyTorch DDP replicas (spec.parallelism sizes must be 1). megatron: "
-        "Megatron-core with spec.parallelism's tensor/pipeline/context/sequence parallelism, recompute and "
-        "model.megatronArgs. Default torch; fixed after creation.",
+        "Megatron-core with spec.parallelism's tensor/pipeline/sequence parallelism, selective recompute and "
+        "model.megatronArgs. auto (default): megatron when any of those is set, torch otherwise; `rlkube run` "
+        "prints which it chose. Fixed after creation.",
     )
     mode: Literal["sync", "async"] = Field(
         default="sync",

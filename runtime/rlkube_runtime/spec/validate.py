@@ -5,7 +5,8 @@ Prints one line per document, `FILE: doc N (name): ok`, or one line per error,
 
 What the job's pods may reach is checked against the default pod policy, or the cluster's
 (`--policy FILE`: the chart's values, or the operator's policy file), in each document's
-namespace (`--namespace` for documents that name none).
+namespace (`--namespace` for documents that name none). When spec.model.hfCheckpoint is a local
+directory, the parallel sizes are checked against its config.json too (spec/model_fit.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from typing import Iterable, TextIO
 
 from .load import SpecError, document_name, load_documents, parse_rljob
+from .model_fit import model_fit_violations, read_model_config
 from .pod_policy import DEFAULT_POLICY, PodPolicy
 
 
@@ -38,13 +40,22 @@ def validate_files(paths: Iterable[str], out: TextIO | None = None, err: TextIO 
             meta = doc.get("metadata") if isinstance(doc, dict) else None
             doc_namespace = (meta.get("namespace") if isinstance(meta, dict) else None) or namespace
             try:
-                parse_rljob(doc, pod_policy=policy.allowance(doc_namespace))
+                job = parse_rljob(doc, pod_policy=policy.allowance(doc_namespace))
+                _check_model_fit(job.spec)
             except SpecError as exc:
                 _print_errors(err, label, exc)
                 failed = True
             else:
                 print(f"{label}: ok", file=out)
     return 1 if failed else 0
+
+
+def _check_model_fit(spec) -> None:
+    """The parallel sizes against the model, when spec.model.hfCheckpoint is a local directory."""
+    config = read_model_config(spec.model.hf_checkpoint) if spec.model.hf_checkpoint else None
+    violations = model_fit_violations(spec, config) if config is not None else []
+    if violations:
+        raise SpecError([(f"spec.{path}", message) for path, message in violations])
 
 
 def _print_errors(stream: TextIO, label: str, exc: SpecError) -> None:

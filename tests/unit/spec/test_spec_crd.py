@@ -303,6 +303,7 @@ def _spec_cel_failures(doc: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 MEGATRON = {"training": {"numRollout": 5, "globalBatchSize": 128, "backend": "megatron"}}
+TORCH = {"training": {"numRollout": 5, "globalBatchSize": 128, "backend": "torch"}}
 
 # (spec sections replaced, expected path, messages identical in CEL and Python: CEL prints
 # doubles its own way, so only messages without floats are compared)
@@ -336,18 +337,25 @@ CROSS_FIELD_CASES = [
     ({"resources": {"placement": "colocated", "rollout": {"tolerations": [{"key": "gpu"}]}}},
      "spec.resources.rollout.tolerations", True),
     # what a trainer backend cannot honour (backend_rules.py)
-    ({"parallelism": {"tensor": 2}}, "spec.parallelism.tensor", True),
-    ({"parallelism": {"pipeline": 2}}, "spec.parallelism.pipeline", True),
+    ({**TORCH, "parallelism": {"tensor": 2}}, "spec.parallelism.tensor", True),
+    ({**TORCH, "parallelism": {"pipeline": 2}}, "spec.parallelism.pipeline", True),
+    ({**TORCH, "parallelism": {"sequenceParallel": True}}, "spec.parallelism.sequenceParallel", True),
+    ({**TORCH, "parallelism": {"recompute": "selective"}}, "spec.parallelism.recompute", True),
+    # context and expert parallelism: no backend builds them
     ({"parallelism": {"context": 4}}, "spec.parallelism.context", True),
     ({"parallelism": {"expert": 8}}, "spec.parallelism.expert", True),
-    ({"parallelism": {"sequenceParallel": True}}, "spec.parallelism.sequenceParallel", True),
-    ({"parallelism": {"recompute": "selective"}}, "spec.parallelism.recompute", True),
+    ({**TORCH, "parallelism": {"context": 2}}, "spec.parallelism.context", True),
+    ({**MEGATRON, "parallelism": {"tensor": 2, "expert": 4}}, "spec.parallelism.expert", True),
     ({**MEGATRON, "parallelism": {"tensor": 3}}, "spec.parallelism", True),
     ({**MEGATRON, "parallelism": {"pipeline": 3}}, "spec.parallelism", True),
-    ({**MEGATRON, "parallelism": {"tensor": 4, "pipeline": 2, "context": 2}}, "spec.parallelism", True),
+    ({**MEGATRON, "parallelism": {"tensor": 4, "pipeline": 4}}, "spec.parallelism", True),
     ({**MEGATRON, "parallelism": {"tensor": 2}, "resources": {"trainer": {"gpusPerNode": 0}}}, "spec.parallelism", True),
-    ({**MEGATRON, "parallelism": {"tensor": 2, "expert": 8}}, "spec.parallelism.expert", True),
     ({**MEGATRON, "parallelism": {"sequenceParallel": True}}, "spec.parallelism.sequenceParallel", True),
+    ({**MEGATRON, "model": {"preset": "tiny", "dtype": "float16"}}, "spec.model.dtype", True),
+    # auto (the default) chooses megatron for what only megatron does, and megatron's rules apply
+    ({"parallelism": {"tensor": 3}}, "spec.parallelism", True),
+    ({"parallelism": {"sequenceParallel": True}}, "spec.parallelism.sequenceParallel", True),
+    ({"parallelism": {"tensor": 2}, "model": {"preset": "tiny", "dtype": "float16"}}, "spec.model.dtype", True),
     # fields nothing implements yet
     ({"model": {"preset": "tiny", "rolloutDtype": "fp8"}}, "spec.model.rolloutDtype", True),
     ({"training": {"numRollout": 5, "globalBatchSize": 128, "asyncBufferSize": 2}}, "spec.training.asyncBufferSize", True),
@@ -358,11 +366,14 @@ CROSS_FIELD_CASES = [
 ACCEPTED_CASES = [
     {"parallelism": {"recompute": "full", "microBatchSize": 2, "dynamicBatchSize": False}},
     {"training": {"numRollout": 5, "globalBatchSize": 128, "backend": "torch", "mode": "sync", "asyncBufferSize": 1}},
-    {**MEGATRON, "parallelism": {"tensor": 2, "pipeline": 2, "context": 2, "sequenceParallel": True}},
-    {**MEGATRON, "parallelism": {"tensor": 2, "expert": 4, "recompute": "selective"}},
+    {**MEGATRON, "parallelism": {"tensor": 2, "pipeline": 2, "sequenceParallel": True}},
+    {**MEGATRON, "parallelism": {"tensor": 2, "recompute": "selective"}},
     {**MEGATRON, "parallelism": {"tensor": 4}, "resources": {"placement": "colocated", "trainer": {"nodes": 3, "gpusPerNode": 4}}},
     {**MEGATRON, "resources": {"placement": "colocated", "trainer": {"gpusPerNode": 0}}},
-    {**MEGATRON, "model": {"preset": "tiny", "megatronArgs": {"num-layers": 2}}},
+    {**MEGATRON, "model": {"preset": "tiny", "megatronArgs": {"attention-softmax-in-fp32": True}}},
+    # auto: megatron for tensor 2 (which fits the 8 GPUs), torch for float16 with nothing split
+    {"parallelism": {"tensor": 2, "sequenceParallel": True}},
+    {"model": {"preset": "tiny", "dtype": "float16"}},
     # a CPU job's rollout pod: the built-in engine on no GPUs
     {"rollout": {"batchSize": 16, "engine": "builtin"}, "resources": {"placement": "separate", "rollout": {"gpus": 0},
                                                                      "trainer": {"gpusPerNode": 0}}},

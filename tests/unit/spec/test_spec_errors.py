@@ -157,51 +157,88 @@ BROKEN = [
     # What the trainer backend cannot honour, with the numbers (spec/backend_rules.py).
     (
         "torch-tensor-parallel",
-        {"spec.parallelism": {"tensor": 2}},
+        {"spec.training.backend": "torch", "spec.parallelism": {"tensor": 2}},
         "spec.parallelism.tensor",
         "tensor(2) > 1 splits the model over GPUs, which the torch backend cannot do (it trains whole-model "
-        "data-parallel replicas); set spec.training.backend: megatron",
+        "data-parallel replicas); set spec.training.backend: megatron (or auto)",
     ),
-    ("torch-pipeline", {"spec.parallelism": {"pipeline": 4}}, "spec.parallelism.pipeline", "pipeline(4) > 1 splits"),
+    ("torch-pipeline", {"spec.training.backend": "torch", "spec.parallelism": {"pipeline": 4}}, "spec.parallelism.pipeline", "pipeline(4) > 1 splits"),
     (
         "torch-sequence-parallel",
-        {"spec.parallelism": {"sequenceParallel": True}},
+        {"spec.training.backend": "torch", "spec.parallelism": {"sequenceParallel": True}},
         "spec.parallelism.sequenceParallel",
-        "which the torch backend does not have; set spec.training.backend: megatron",
+        "which the torch backend does not have; set spec.training.backend: megatron (or auto)",
     ),
     (
         "torch-selective-recompute",
-        {"spec.parallelism": {"recompute": "selective"}},
+        {"spec.training.backend": "torch", "spec.parallelism": {"recompute": "selective"}},
         "spec.parallelism.recompute",
         "recompute: selective (attention only) is not available in the torch backend",
     ),
     (
         "torch-megatron-args",
-        {"spec.model.megatronArgs": {"num-layers": 36, "swiglu": True}},
+        {"spec.training.backend": "torch", "spec.model.megatronArgs": {"num-layers": 36, "swiglu": True}},
         "spec.model.megatronArgs",
-        "holds 2 Megatron-core argument(s), which the torch backend does not read; set spec.training.backend: megatron",
+        "holds 2 Megatron-core argument(s), which the torch backend does not read; set spec.training.backend: megatron "
+        "(or auto), or remove them",
+    ),
+    (
+        "megatron-args-from-the-hf-config",
+        {"spec.training.backend": "megatron", "spec.model.megatronArgs": {"num-layers": 36}},
+        "spec.model.megatronArgs.num-layers",
+        "the architecture comes from the HF checkpoint's config.json; remove it",
+    ),
+    (
+        "megatron-args-unknown-key",
+        {"spec.model.megatronArgs": {"norm-epsilon": 1.0e-6}},  # auto: megatron, because megatronArgs is set
+        "spec.model.megatronArgs.norm-epsilon",
+        "not a field of megatron-core 0.16.1's TransformerConfig or OptimizerConfig (keys are Megatron-LM flag names "
+        "without the dashes)",
+    ),
+    (
+        "megatron-args-wrong-type",
+        {"spec.model.megatronArgs": {"attention-dropout": "high"}},
+        "spec.model.megatronArgs.attention-dropout",
+        "'high' is not a float, the type of megatron-core's attention_dropout",
+    ),
+    (
+        "megatron-args-mixture-of-experts",
+        {"spec.model.megatronArgs": {"moe-router-topk": 2}},
+        "spec.model.megatronArgs.moe-router-topk",
+        "a mixture-of-experts setting; neither backend trains mixture-of-experts models yet; remove it",
     ),
     (
         "megatron-replica-larger-than-trainer",
         {"spec.training.backend": "megatron", "spec.parallelism": {"tensor": 4, "pipeline": 4}},
         "spec.parallelism",
-        "tensor(4) x pipeline(4) x context(1) = 16 GPUs per model replica must divide the trainer GPUs, "
+        "tensor(4) x pipeline(4) = 16 GPUs per model replica must divide the trainer GPUs, "
         "resources.trainer.nodes(1) x gpusPerNode(8) = 8",
     ),
     (
         "megatron-replica-not-dividing",
-        {"spec.training.backend": "megatron", "spec.parallelism": {"tensor": 2, "context": 2},
-         "spec.resources.trainer": {"nodes": 3, "gpusPerNode": 2}},
+        {"spec.parallelism": {"tensor": 2, "pipeline": 2}, "spec.resources.trainer": {"nodes": 3, "gpusPerNode": 2}},
         "spec.parallelism",
-        "tensor(2) x pipeline(1) x context(2) = 4 GPUs per model replica must divide the trainer GPUs, "
+        "tensor(2) x pipeline(2) = 4 GPUs per model replica must divide the trainer GPUs, "
         "resources.trainer.nodes(3) x gpusPerNode(2) = 6",
     ),
     (
-        "megatron-expert-group",
+        "no-expert-parallelism",
         {"spec.training.backend": "megatron", "spec.parallelism": {"tensor": 4, "expert": 4}},
         "spec.parallelism.expert",
-        "expert(4) x tensor(4) x pipeline(1) = 16 GPUs per expert-parallel group must divide the trainer GPUs, "
-        "resources.trainer.nodes(1) x gpusPerNode(8) = 8",
+        "expert(4) > 1: expert parallelism needs a mixture-of-experts model, which neither backend trains yet "
+        "(megatron: dense Llama, Qwen2, Qwen3); use 1",
+    ),
+    (
+        "no-context-parallelism",
+        {"spec.parallelism": {"context": 2}},
+        "spec.parallelism.context",
+        "context(2) > 1: context parallelism is not built",
+    ),
+    (
+        "megatron-float16",
+        {"spec.parallelism": {"tensor": 2}, "spec.model": {"preset": "tiny", "dtype": "float16"}},
+        "spec.model.dtype",
+        "float16 needs loss scaling, which the megatron backend does not do",
     ),
     (
         "megatron-sequence-parallel-without-tensor",
@@ -336,6 +373,6 @@ def test_validate_names_the_parallelism_that_does_not_fit(tmp_path, capsys, good
     path.write_text(yaml.safe_dump(good_doc))
     assert rlkube(["validate", str(path)]) == 1
     assert capsys.readouterr().err == (
-        f"{path}: doc 1 (good): spec.parallelism: tensor(4) x pipeline(2) x context(1) = 8 GPUs per model replica "
+        f"{path}: doc 1 (good): spec.parallelism: tensor(4) x pipeline(2) = 8 GPUs per model replica "
         "must divide the trainer GPUs, resources.trainer.nodes(2) x gpusPerNode(2) = 4\n"
     )

@@ -8,36 +8,13 @@ them; `hf_architecture` refuses anything else naming the field that differs.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-
-# Read from the HF config: a megatronArgs key naming one of these would contradict the weights.
-_FROM_HF_CONFIG = {
-    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-    "kv_channels", "normalization", "layernorm_epsilon", "gated_linear_unit", "add_bias_linear",
-    "add_qkv_bias", "qk_layernorm", "vocab_size", "rotary_base", "max_position_embeddings",
-    "untie_embeddings_and_output_weights", "group_query_attention", "swiglu",
-}
-# Set by spec.parallelism or by the backend itself (precision, CPU mode, how losses are scaled).
-_OWNED = {
-    "tensor_model_parallel_size": "spec.parallelism.tensor",
-    "pipeline_model_parallel_size": "spec.parallelism.pipeline",
-    "context_parallel_size": "spec.parallelism.context",
-    "sequence_parallel": "spec.parallelism.sequenceParallel",
-    "recompute_granularity": "spec.parallelism.recompute",
-    "bf16": "spec.model.dtype", "fp16": "spec.model.dtype", "params_dtype": "spec.model.dtype",
-    "lr": "spec.training.optimizer.lr", "min_lr": "spec.training.optimizer.minLr",
-    "weight_decay": "spec.training.optimizer.weightDecay", "clip_grad": "spec.training.optimizer.clipGrad",
-    "adam_beta1": "spec.training.optimizer.beta1", "adam_beta2": "spec.training.optimizer.beta2",
-    "adam_eps": "spec.training.optimizer.eps", "calculate_per_token_loss": "the backend's loss scaling",
-    "use_cpu_initialization": "the backend (on when there is no GPU)",
-}
-
+from rlkube_runtime.spec.megatron_args import megatron_arg_name, megatron_arg_problem, megatron_arg_target
+from rlkube_runtime.spec.model_fit import MEGATRON_MODEL_TYPES, split_violations
 
 @dataclass(frozen=True)
 class HFArchitecture:
@@ -62,9 +39,9 @@ class HFArchitecture:
 def hf_architecture(hf_config: Any) -> HFArchitecture:
     """The architecture of an HF `PretrainedConfig`; ValueError for unsupported models."""
     model_type = getattr(hf_config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in MEGATRON_MODEL_TYPES:
         raise ValueError(
-            f"spec.training.backend: megatron supports HF model types {list(SUPPORTED_MODEL_TYPES)}; "
+            f"spec.training.backend: megatron supports HF model types {list(MEGATRON_MODEL_TYPES)}; "
             f"the checkpoint's config.json has model_type {model_type!r}"
         )
     rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
@@ -180,55 +157,34 @@ def transformer_config(
 
 
 def check_divisible(arch: HFArchitecture, sizes: ParallelSizes) -> None:
-    """Refuse parallel sizes the architecture cannot be split into, naming the spec field."""
-    tp, pp = sizes.tensor, sizes.pipeline
-    for what, n in (("attention heads", arch.num_heads), ("key/value heads", arch.num_kv_heads),
-                    ("vocabulary entries", arch.vocab_size), ("MLP channels", arch.ffn_hidden_size)):
-        if n % tp:
-            raise ValueError(f"spec.parallelism.tensor: {tp} does not divide the model's {n} {what}")
-    if arch.num_layers % pp:
-        raise ValueError(f"spec.parallelism.pipeline: {pp} does not divide the model's {arch.num_layers} layers")
-    if sizes.context > 1:
-        raise ValueError(
-            f"spec.parallelism.context: {sizes.context} needs TransformerEngine's attention, which the megatron "
-            "backend does not use (it runs megatron-core's local layer spec); use 1"
-        )
-    if sizes.sequence_parallel and tp == 1:
+    """Refuse parallel sizes the architecture cannot be split into, naming the spec field (the
+    spec's own check, spec/model_fit.py, for callers that hold an architecture)."""
+    config = {"num_attention_heads": arch.num_heads, "num_key_value_heads": arch.num_kv_heads,
+              "vocab_size": arch.vocab_size, "intermediate_size": arch.ffn_hidden_size,
+              "num_hidden_layers": arch.num_layers}
+    for field, message in split_violations(sizes.tensor, sizes.pipeline, config):
+        raise ValueError(f"spec.{field}: {message}")
+    if sizes.sequence_parallel and sizes.tensor == 1:
         raise ValueError("spec.parallelism.sequenceParallel: true needs spec.parallelism.tensor > 1")
 
 
 def split_megatron_args(args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """spec.model.megatronArgs -> (TransformerConfig fields, megatron OptimizerConfig fields).
 
-    Keys are Megatron-LM flag names without dashes (`attention-softmax-in-fp32`, or with
-    underscores); `false` leaves a boolean flag at its default, like the omitted flag. A key that
-    is neither config's field, or that the HF config or another spec field already sets, is
-    refused naming `spec.model.megatronArgs.<key>`.
+    The spec's validation (spec/megatron_args.py) decides which keys are allowed; this refuses the
+    same ones (for a spec built without it) and leaves a `false` flag at its default, like the
+    omitted flag.
     """
-    from megatron.core.optimizer.optimizer_config import OptimizerConfig
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    model_fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
-    optim_fields = {f.name: f for f in dataclasses.fields(OptimizerConfig)}
     model_over: dict[str, Any] = {}
     optim_over: dict[str, Any] = {}
     for key, value in (args or {}).items():
-        name = key.lstrip("-").replace("-", "_")
-        where = f"spec.model.megatronArgs.{key}"
-        if name in _FROM_HF_CONFIG:
-            raise ValueError(f"{where}: the architecture comes from the HF checkpoint's config.json; remove it")
-        if name in _OWNED:
-            raise ValueError(f"{where}: set by {_OWNED[name]}; remove it here")
+        problem = megatron_arg_problem(key, value)
+        if problem is not None:
+            raise ValueError(f"spec.model.megatronArgs.{key}: {problem}")
         if value is False:
             continue
-        if name in model_fields:
-            model_over[name] = value
-        elif name in optim_fields:
-            optim_over[name] = value
-        else:
-            raise ValueError(
-                f"{where}: not a megatron-core TransformerConfig or OptimizerConfig field this backend can set"
-            )
+        target = model_over if megatron_arg_target(key) == "model" else optim_over
+        target[megatron_arg_name(key)] = value
     return model_over, optim_over
 
 

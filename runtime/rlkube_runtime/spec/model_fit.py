@@ -1,0 +1,66 @@
+"""What the spec asks of the model itself, checked wherever its config.json can be read: by
+`rlkube validate` when spec.model.hfCheckpoint is a local directory, and by `rlkube run` (on a
+cluster, the driver) before anything starts.
+
+The parallel sizes must split the model evenly (tensor: attention and key/value heads, the
+vocabulary and the MLP channels; pipeline: the layers), the megatron backend must know the
+architecture, and a mixture-of-experts model is refused: neither backend trains one yet.
+Plain dictionaries in, (path relative to spec, message) pairs out, as in backend_rules.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from .backend_rules import chosen_backend
+
+# The HF model types the megatron backend converts (trainer/megatron/model.py builds them).
+MEGATRON_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# config.json keys that give a mixture-of-experts model's expert count (Qwen-MoE, Mixtral, DeepSeek).
+_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def expert_count_key(config: Mapping[str, Any]) -> str | None:
+    """The config.json key that makes this a mixture-of-experts model, or None for a dense one."""
+    return next((key for key in _EXPERT_COUNT_KEYS if (config.get(key) or 0) > 1), None)
+
+
+def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Where tensor/pipeline sizes do not divide the model of this config.json."""
+    heads = config["num_attention_heads"]
+    parts = (("attention heads", heads), ("key/value heads", config.get("num_key_value_heads") or heads),
+             ("vocabulary entries", config["vocab_size"]), ("MLP channels", config["intermediate_size"]))
+    violations = [("parallelism.tensor", f"{tensor} does not divide the model's {n} {what}")
+                  for what, n in parts if n % tensor]
+    layers = config["num_hidden_layers"]
+    if layers % pipeline:
+        violations.append(("parallelism.pipeline", f"{pipeline} does not divide the model's {layers} layers"))
+    return violations
+
+
+def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What `spec` (an RLJobSpec) asks that the model of `config` (its config.json) cannot do."""
+    moe = expert_count_key(config)
+    if moe:
+        return [("model", f"config.json {moe}: {config[moe]}: a mixture-of-experts model, which neither trainer "
+                 "backend trains yet (megatron: dense Llama, Qwen2, Qwen3; torch: dense models)")]
+    backend, _ = chosen_backend(spec)
+    if backend != "megatron":
+        return []
+    model_type = config.get("model_type")
+    if model_type not in MEGATRON_MODEL_TYPES:
+        return [("training.backend", f"megatron converts HF model types {list(MEGATRON_MODEL_TYPES)}; the "
+                 f"checkpoint's config.json has model_type {model_type!r}")]
+    return split_violations(spec.parallelism.tensor, spec.parallelism.pipeline, config)
+
+
+def read_model_config(path: str | Path) -> dict[str, Any] | None:
+    """config.json of a local HF checkpoint directory; None when `path` is not one (a hub id, or
+    storage only the cluster sees)."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        return None
+    with file.open() as stream:
+        return json.load(stream)

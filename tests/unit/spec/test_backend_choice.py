@@ -1,0 +1,118 @@
+"""One set of rules: which backend `auto` chooses, the megatronArgs keys the spec knows without
+megatron-core, and the model's own shape checked wherever its config.json can be read, so
+`rlkube validate` refuses what `rlkube run` would."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from rlkube_runtime.cli import main as rlkube
+from rlkube_runtime.spec.backend_rules import chosen_backend
+from rlkube_runtime.spec.load import parse_rljob
+from rlkube_runtime.spec.megatron_args import megatron_arg_problem, megatron_arg_target
+from rlkube_runtime.spec.model_fit import expert_count_key, model_fit_violations, split_violations
+
+# Qwen3-0.6B's shape: 16 heads, 8 key/value heads, 28 layers.
+QWEN3_SMALL = {"model_type": "qwen3", "num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 151936,
+               "intermediate_size": 3072, "num_hidden_layers": 28}
+
+
+def _spec(good_doc, **sections):
+    for name, values in sections.items():
+        good_doc["spec"][name] = {**good_doc["spec"].get(name, {}), **values}
+    return parse_rljob(good_doc).spec
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({}, ("torch", "no parallelism size above 1 and no megatronArgs")),
+        ({"parallelism": {"tensor": 2}}, ("megatron", "spec.parallelism.tensor is 2")),
+        ({"parallelism": {"pipeline": 2}}, ("megatron", "spec.parallelism.pipeline is 2")),
+        ({"parallelism": {"recompute": "selective"}}, ("megatron", "spec.parallelism.recompute is selective")),
+        ({"model": {"megatronArgs": {"attention-softmax-in-fp32": True}}}, ("megatron", "spec.model.megatronArgs is set")),
+        ({"training": {"backend": "torch"}}, ("torch", "spec.training.backend")),
+        ({"training": {"backend": "megatron"}}, ("megatron", "spec.training.backend")),
+    ],
+)
+def test_auto_chooses_megatron_only_for_what_only_megatron_does(good_doc, sections, expected):
+    assert parse_rljob(good_doc).spec.training.backend == "auto"
+    assert chosen_backend(_spec(good_doc, **sections)) == expected
+
+
+def test_megatron_arg_keys_are_checked_against_megatron_cores_fields():
+    assert megatron_arg_problem("attention-softmax-in-fp32", True) is None
+    assert megatron_arg_problem("--hidden-dropout", 0.0) is None  # dashes and underscores both name the field
+    assert megatron_arg_problem("hidden_dropout", 1) is None  # an int is a float
+    assert megatron_arg_problem("hidden-dropout", True) == "True is not a float, the type of megatron-core's hidden_dropout"
+    assert megatron_arg_problem("virtual-pipeline-model-parallel-size", None) is None  # Optional[int]
+    assert megatron_arg_problem("bias-activation-fusion", False) is None  # false: the flag left at its default
+    assert megatron_arg_problem("no-such-flag", False).startswith("not a field of megatron-core")
+    assert megatron_arg_problem("clip-grad", 1.0) == "set by spec.training.optimizer.clipGrad; remove it here"
+    assert megatron_arg_target("use-precision-aware-optimizer") == "optimizer"
+    assert megatron_arg_target("attention-softmax-in-fp32") == "model"
+
+
+def test_generated_megatron_fields_match_the_installed_megatron_core():
+    from pathlib import Path
+
+    megatron_core = pytest.importorskip("megatron.core")
+    from rlkube_runtime.spec import megatron_args, megatron_fields
+
+    if megatron_core.__version__ != megatron_fields.MEGATRON_CORE_VERSION:
+        pytest.skip(f"megatron-core {megatron_core.__version__} here; the fields are of "
+                    f"{megatron_fields.MEGATRON_CORE_VERSION}, the images' version")
+    committed = Path(megatron_fields.__file__).read_text()
+    assert committed == megatron_args.render_fields_module(), (
+        "spec/megatron_fields.py is stale: python -m rlkube_runtime.spec.megatron_args "
+        "> runtime/rlkube_runtime/spec/megatron_fields.py")
+
+
+def test_split_violations_name_what_the_size_does_not_divide():
+    assert split_violations(2, 4, QWEN3_SMALL) == []
+    assert split_violations(16, 1, QWEN3_SMALL) == [("parallelism.tensor", "16 does not divide the model's 8 key/value heads")]
+    assert split_violations(3, 3, QWEN3_SMALL) == [
+        ("parallelism.tensor", "3 does not divide the model's 16 attention heads"),
+        ("parallelism.tensor", "3 does not divide the model's 8 key/value heads"),
+        ("parallelism.tensor", "3 does not divide the model's 151936 vocabulary entries"),
+        ("parallelism.pipeline", "3 does not divide the model's 28 layers"),
+    ]
+
+
+def test_model_fit_refuses_mixture_of_experts_and_unknown_architectures(good_doc):
+    torch_spec = parse_rljob(good_doc).spec
+    assert expert_count_key(QWEN3_SMALL) is None
+    assert expert_count_key({**QWEN3_SMALL, "num_experts": 1}) is None
+    moe = {**QWEN3_SMALL, "model_type": "qwen3_moe", "num_experts": 128}
+    assert model_fit_violations(torch_spec, moe) == [(
+        "model", "config.json num_experts: 128: a mixture-of-experts model, which neither trainer backend trains yet "
+        "(megatron: dense Llama, Qwen2, Qwen3; torch: dense models)")]
+    assert model_fit_violations(torch_spec, {**QWEN3_SMALL, "model_type": "gpt2"}) == []  # torch trains any causal LM
+    tp2 = _spec(good_doc, parallelism={"tensor": 2})
+    assert model_fit_violations(tp2, QWEN3_SMALL) == []
+    assert model_fit_violations(tp2, {**QWEN3_SMALL, "model_type": "gpt2"}) == [(
+        "training.backend", "megatron converts HF model types ['llama', 'qwen2', 'qwen3']; the checkpoint's "
+        "config.json has model_type 'gpt2'")]
+
+
+def test_validate_reads_a_local_checkpoints_config(tmp_path, capsys, good_doc):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(QWEN3_SMALL))
+    del good_doc["spec"]["model"]["preset"]
+    good_doc["spec"]["model"]["hfCheckpoint"] = str(model_dir)
+    good_doc["spec"]["parallelism"] = {"tensor": 4, "pipeline": 2}  # 4 divides the heads, 2 the 28 layers
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(good_doc))
+    assert rlkube(["validate", str(path)]) == 0
+    good_doc["spec"]["parallelism"] = {"pipeline": 8}
+    path.write_text(yaml.safe_dump(good_doc))
+    assert rlkube(["validate", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f"{path}: doc 1 (good): spec.parallelism.pipeline: 8 does not divide the model's 28 layers\n")
+    good_doc["spec"]["model"]["hfCheckpoint"] = "Qwen/Qwen3-0.6B"  # a hub id: its config is not read here
+    path.write_text(yaml.safe_dump(good_doc))
+    assert rlkube(["validate", str(path)]) == 0
