@@ -213,6 +213,7 @@ class WeightSender:
             _record_failures(urls, results, report)
         finally:
             await _close(admins)
+        prune_older_versions(Path(disk_dir), keep=Path(path))
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -300,6 +301,17 @@ def _store_client(host: str, port: int, world: int) -> Any:
 
 def _piece_of(tensor: torch.Tensor, piece: Piece) -> torch.Tensor:
     return tensor if piece.rows is None else tensor[piece.rows[0] : piece.rows[1]]
+
+
+def prune_older_versions(disk_dir: Path, *, keep: Path) -> None:
+    """Delete the `disk` transport's earlier version directories (v<version> beside `keep`): every
+    engine, and any replacement, loads the newest, so only it is kept (a full HF directory per
+    sync would fill the disk)."""
+    import shutil
+
+    for old in disk_dir.glob("v*"):
+        if old.is_dir() and old.resolve() != keep.resolve():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _admins(urls: Sequence[str]) -> dict[str, Any]:

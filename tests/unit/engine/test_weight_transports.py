@@ -87,3 +87,23 @@ async def test_a_shape_mismatch_is_refused_by_name_and_changes_nothing(start_eng
     sender.close()
     _assert_same(await _outputs(engine), before)
     assert engine_of(engine).weight_version == "default"
+
+
+async def test_the_disk_transport_keeps_only_the_newest_version(start_engine, other_model_dir, tmp_path):
+    """Each sync writes a full HF directory; the ones before it are deleted once it is written
+    (at 4B an fp32 directory per rollout would fill the disk in a day)."""
+    engine = await start_engine()
+    reference = await start_engine(model_path=str(other_model_dir))
+    expected = await _outputs(reference)
+    trainer_model = AutoModelForCausalLM.from_pretrained(other_model_dir)
+    sender = WeightSender(trainer_model, dtype=torch.float32, bucket_bytes=1 << 20, device=torch.device("cpu"),
+                          save_hf=trainer_model.save_pretrained)
+    url = str(engine.make_url("")).rstrip("/")
+    weights = tmp_path / "weights"
+    (weights / "v0").mkdir(parents=True)  # left by an earlier attempt of the run
+    for version in ("1", "2"):
+        report = await asyncio.to_thread(sender.push, [url], transport="disk", version=version, disk_dir=str(weights))
+        assert report.failed == {}
+        assert sorted(p.name for p in weights.iterdir()) == [f"v{version}"]
+    assert engine_of(engine).weight_version == "2"
+    _assert_same(await _outputs(engine), expected)
