@@ -256,10 +256,10 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
 @pytest.mark.parametrize(
     ("name", "spec", "field", "message"),
     [
-        ("torch-tp", {"parallelism": {"tensor": 2}}, "spec.parallelism.tensor",
+        ("torch-tp", {"training": {"backend": "torch"}, "parallelism": {"tensor": 2}}, "spec.parallelism.tensor",
          "tensor(2) > 1 splits the model over GPUs, which the torch backend cannot do"),
         ("megatron-misfit", {"training": {"backend": "megatron"}, "parallelism": {"tensor": 4}}, "spec.parallelism",
-         "tensor(4) x pipeline(1) x context(1) = 4 GPUs per model replica must divide the trainer GPUs, "
+         "tensor(4) x pipeline(1) = 4 GPUs per model replica must divide the trainer GPUs, "
          "resources.trainer.nodes(1) x gpusPerNode(2) = 2"),
         ("fp8", {"model": {"rolloutDtype": "fp8"}}, "spec.model.rolloutDtype", "fp8 is not implemented"),
         ("buffer", {"training": {"asyncBufferSize": 2}}, "spec.training.asyncBufferSize",
@@ -297,7 +297,8 @@ def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_p
                                      "podLabels": {"rlkube.io/role": "mine"}}},
          "spec.resources.podLabels"),
         # megatronArgs' values are untyped, which hides the map from CEL; the spec model refuses it.
-        ("torch-megatron-args", {"model": {"megatronArgs": {"num-layers": 2}}}, "spec.model.megatronArgs"),
+        ("torch-megatron-args", {"training": {"backend": "torch"}, "model": {"megatronArgs": {"attention-dropout": 0.0}}},
+         "spec.model.megatronArgs"),
         # So is a free-form affinity: a colocated job's rollout pods would never exist to take it.
         ("coloc-affinity", {"resources": {"rollout": {"affinity": {"nodeAffinity": {}}}}},
          "spec.resources.rollout.affinity"),
