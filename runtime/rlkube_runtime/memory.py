@@ -46,6 +46,33 @@ class PinnedOffload:
         out.copy_(tensor, non_blocking=True)
         return out
 
+    def move(self, key: tuple, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """`tensor` on `device`: into its pinned twin when that is the host, else a device copy."""
+        if device.type == "cpu":
+            return self.to_host(key, tensor)
+        return self.to_device(tensor, device)
+
+    def move_module(self, module: torch.nn.Module, tag: str, device: torch.device) -> None:
+        """Every parameter and buffer of `module` to `device`, in place (`.data` swapped)."""
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            if tensor.device != device:
+                tensor.data = self.move((tag, name), tensor.data, device)
+
+    def move_optimizer(self, optimizer: torch.optim.Optimizer, tag: str, device: torch.device, *,
+                       params: bool = False) -> None:
+        """The optimizer's state tensors (Adam's moments) to `device`, in place; with `params`
+        also its parameters (a master copy the optimizer owns, such as megatron's fp32 shards).
+        Scalar entries (Adam's `step`) stay where torch keeps them."""
+        if params:
+            for g, group in enumerate(optimizer.param_groups):
+                for i, p in enumerate(group["params"]):
+                    if p.device != device:
+                        p.data = self.move((tag, "param", g, i), p.data, device)
+        for param, state in optimizer.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
+                    state[key] = self.move((tag, id(param), key), value, device)
+
     @staticmethod
     def wait(device: torch.device) -> None:
         torch.cuda.synchronize(device)

@@ -340,23 +340,13 @@ class TorchBackend(TrainerBackend):
         return contextlib.nullcontext()
 
     def _move_module(self, module: torch.nn.Module, tag: str, device: torch.device) -> None:
-        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-            if tensor.device != device:
-                tensor.data = self._moved((tag, name), tensor.data, device)
+        self._offload.move_module(module, tag, device)
 
     def _move_optimizer_and_ref(self, device: torch.device) -> None:
         if self.ref_model is not None:
-            self._move_module(self.ref_model, "ref", device)
-        for param, state in self.optimizer.state.items():
-            for key, value in state.items():
-                # Adam's scalar `step` stays where torch keeps it; the moments follow the weights.
-                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
-                    state[key] = self._moved(("optimizer", id(param), key), value, device)
-
-    def _moved(self, key: tuple, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-        if device.type == "cpu":
-            return self._offload.to_host(key, tensor)
-        return self._offload.to_device(tensor, device)
+            self._offload.move_module(self.ref_model, "ref", device)
+        # The optimizer's parameters are the actor's weights: they move with the actor.
+        self._offload.move_optimizer(self.optimizer, "optimizer", device)
 
 
 class ResponseLogits(torch.nn.Module):

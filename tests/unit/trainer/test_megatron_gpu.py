@@ -78,6 +78,7 @@ def _first_step(rank, world, store, result, hf, tensor, pipeline, sp):
     if world == 1:  # the colocated hand-off, on one GPU
         before = torch.cuda.memory_allocated()
         weights = backend.export_weights()
+        optimizer_before = _optimizer_tensors(backend)
         # The loop's order: keep the weights for the sync, then give them up too.
         backend.release(keep_weights=True)
         out["kept_weights_equal"] = all(torch.equal(v, weights[k]) for k, v in backend.export_weights().items())
@@ -86,9 +87,29 @@ def _first_step(rank, world, store, result, hf, tensor, pipeline, sp):
         out["params"] = sum(v.numel() for k, v in weights.items() if k != "lm_head.weight")
         out["export_while_released_equal"] = all(torch.equal(v, weights[k]) for k, v in backend.export_weights().items())
         backend.restore()
+        optimizer_after = _optimizer_tensors(backend)
+        out["optimizer_tensors"] = len(optimizer_before)
+        out["optimizer_back_on_gpu"] = all(t.is_cuda for t in optimizer_after.values())
+        out["optimizer_restored_equal"] = optimizer_before.keys() == optimizer_after.keys() and all(
+            torch.equal(optimizer_before[k].cpu(), optimizer_after[k].cpu()) for k in optimizer_before)
         out["after_resume"] = backend.train_step(_batch(log_probs))
     if rank == 0:
         torch.save(out, result)
+
+
+def _optimizer_tensors(backend) -> dict:
+    """Every tensor the distributed optimizer steps with (fp32 master shards, Adam's moments),
+    copied, keyed by where it sits."""
+    out = {}
+    for c, chained in enumerate(getattr(backend.optimizer, "chained_optimizers", [backend.optimizer])):
+        inner = chained.optimizer
+        for g, group in enumerate(inner.param_groups):
+            for i, p in enumerate(group["params"]):
+                out[(c, "param", g, i)] = p.detach().clone()
+                for key, value in inner.state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                        out[(c, key, g, i)] = value.clone()
+    return out
 
 
 def _torch_first_step(hf):
@@ -117,6 +138,8 @@ def test_one_gpu_bf16_step_matches_the_torch_backend_and_releases_memory(qwen3, 
     # At least the fp32 master weights and both Adam moments (12 bytes a parameter) left the GPU.
     assert got["released_bytes"] >= 12 * got["params"]
     assert got["kept_weights_equal"] and got["export_while_released_equal"]
+    # The master shards and both moments of every parameter came back bit for bit, on the GPU.
+    assert got["optimizer_tensors"] > 3 * 4 and got["optimizer_back_on_gpu"] and got["optimizer_restored_equal"]
     assert torch.isfinite(torch.tensor(got["after_resume"]["loss"]))
 
 

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ...algorithms.entropy import log_probs_and_entropy
+from ...memory import PinnedOffload
 from ..backend import DTYPES, LogProbs, TrainerBackend, compile_enabled, joined_over_ranks, pick_model, summed_over_ranks
 from ..batch import TrainBatch, loss_counts
 from ..config import TrainerConfig
@@ -133,6 +134,7 @@ class MegatronBackend(TrainerBackend):
         self.schedule = LRSchedule(self.optimizer, config.optimizer)
         self._released = False
         self._weights_offloaded = False  # GPU: the DDP weights buffer sits in host memory
+        self._offload = PinnedOffload()  # the optimizer's and the reference model's host twins
         self._gathered: dict[str, torch.Tensor] | None = None  # the whole model, for pushes (gather_for_push)
 
     # -- forward passes -------------------------------------------------------------------
@@ -305,23 +307,23 @@ class MegatronBackend(TrainerBackend):
 
     def release(self, *, keep_weights: bool = False) -> None:
         """Give the GPU back: gradient buffers freed, the weights buffer (unless `keep_weights`)
-        and the reference model copied to pinned host memory, the distributed optimizer's
-        fp32 shards and moments moved to the host, the CUDA cache emptied. megatron-core's
-        buffer offload keeps every parameter a view of its buffer, so nothing is re-wired on
-        resume. On CPU only the gradients go. Forward passes raise until `restore`."""
+        copied to pinned host memory by megatron-core's buffer offload (every parameter stays a
+        view of its buffer, so nothing is re-wired on resume), the distributed optimizer's fp32
+        shards and moments and the reference model into pinned host twins kept for the run (one
+        asynchronous copy per tensor; megatron-core's own optimizer offload makes a pageable copy
+        per tensor every time, several times slower), the CUDA cache emptied. On CPU only the
+        gradients go. Forward passes raise until `restore`."""
         self._gathered = None  # views of the weights being moved (gather_for_push), or host copies
         if not self._released:  # released already (the weights kept): the gradient buffers are gone
             self._zero_grad()
         if not self.cpu:
+            host = torch.device("cpu")
             torch.cuda.synchronize(self.device)
+            self._move_optimizer_and_ref(host)  # before the buffers: fp32 shards may be views of them
             for buffer in self._ddp_buffers():
                 buffer.offload_to_cpu(move_params=not keep_weights, move_grads=True)
             self._weights_offloaded = self._weights_offloaded or not keep_weights
-            self.optimizer.offload_to_cpu()
-            if self.ref_model is not None:
-                for p in self.ref_model.parameters():
-                    p.data = p.data.to("cpu")
-            torch.cuda.synchronize(self.device)
+            self._offload.wait(self.device)
             torch.cuda.empty_cache()
         self._released = True
 
@@ -332,12 +334,16 @@ class MegatronBackend(TrainerBackend):
             for buffer in self._ddp_buffers():
                 buffer.reload_from_cpu(move_params=True, move_grads=True)
             self._weights_offloaded = False
-            self.optimizer.restore_from_cpu()
-            if self.ref_model is not None:
-                for p in self.ref_model.parameters():
-                    p.data = p.data.to(self.device)
-            torch.cuda.synchronize(self.device)
+            self._move_optimizer_and_ref(self.device)
+            self._offload.wait(self.device)
         self._released = False
+
+    def _move_optimizer_and_ref(self, device: torch.device) -> None:
+        for i, inner in enumerate(getattr(self.optimizer, "chained_optimizers", [self.optimizer])):
+            if getattr(inner, "optimizer", None) is not None:  # None: a rank without parameters
+                self._offload.move_optimizer(inner.optimizer, f"optimizer{i}", device, params=True)
+        if self.ref_model is not None:
+            self._offload.move_module(self.ref_model, "ref", device)
 
     @contextlib.contextmanager
     def _weights_resident(self):
