@@ -89,9 +89,9 @@ def _first_step(rank, world, store, result, hf, tensor, pipeline, sp):
         backend.restore()
         optimizer_after = _optimizer_tensors(backend)
         out["optimizer_tensors"] = len(optimizer_before)
-        out["optimizer_back_on_gpu"] = all(t.is_cuda for t in optimizer_after.values())
+        out["optimizer_back_on_gpu"] = all(on_gpu for on_gpu, _ in optimizer_after.values())
         out["optimizer_restored_equal"] = optimizer_before.keys() == optimizer_after.keys() and all(
-            torch.equal(optimizer_before[k].cpu(), optimizer_after[k].cpu()) for k in optimizer_before)
+            torch.equal(optimizer_before[k][1], optimizer_after[k][1]) for k in optimizer_before)
         out["after_resume"] = backend.train_step(_batch(log_probs))
     if rank == 0:
         torch.save(out, result)
@@ -99,16 +99,17 @@ def _first_step(rank, world, store, result, hf, tensor, pipeline, sp):
 
 def _optimizer_tensors(backend) -> dict:
     """Every tensor the distributed optimizer steps with (fp32 master shards, Adam's moments),
-    copied, keyed by where it sits."""
+    copied to the host (a device copy would hold the memory the release is measured to free),
+    with whether it was on the GPU, keyed by where it sits."""
     out = {}
     for c, chained in enumerate(getattr(backend.optimizer, "chained_optimizers", [backend.optimizer])):
         inner = chained.optimizer
         for g, group in enumerate(inner.param_groups):
             for i, p in enumerate(group["params"]):
-                out[(c, "param", g, i)] = p.detach().clone()
+                out[(c, "param", g, i)] = (p.is_cuda, p.detach().to("cpu", copy=True))
                 for key, value in inner.state.get(p, {}).items():
                     if isinstance(value, torch.Tensor) and value.dim() > 0:
-                        out[(c, key, g, i)] = value.clone()
+                        out[(c, key, g, i)] = (value.is_cuda, value.to("cpu", copy=True))
     return out
 
 
