@@ -65,9 +65,7 @@ class RouterProcess:
         if self.model_path and pathlib.Path(self.model_path).exists():
             # A local path only: given a hub name the router would try to download a tokenizer.
             command += ["--model-path", self.model_path]
-        if self.api_key:
-            command += ["--api-key", self.api_key]
-        return command + cli_flags(self.router_args)
+        return command + cli_flags({"api-key": self.api_key or None}) + cli_flags(self.router_args)
 
     def start(self) -> RouterProcess:
         """Start the router and wait until it answers and every initial worker is healthy in it.

@@ -134,7 +134,10 @@ def engine_nodes(gpus_per_engine: int, gpus_per_node: int, *, head_address: str,
 
 def cli_flags(args: Mapping[str, ArgValue]) -> list[str]:
     """`{"tp_size": 2, "enable-x": True, "off": False, "urls": ["a", "b"]}` →
-    `--tp-size 2 --enable-x --urls a b` (underscores become dashes; False/None are left out)."""
+    `--tp-size 2 --enable-x --urls a b` (underscores become dashes; False/None are left out).
+    A value that starts with a dash is joined to its flag (`--api-key=-k3y`): argparse takes a
+    separate one for the next option and fails with "expected one argument" (a generated key
+    starts with one once in 64)."""
     flags: list[str] = []
     for key, value in args.items():
         flag = "--" + flag_name(key)
@@ -144,6 +147,8 @@ def cli_flags(args: Mapping[str, ArgValue]) -> list[str]:
             continue
         elif isinstance(value, (list, tuple)):
             flags += [flag, *map(str, value)]
+        elif str(value).startswith("-"):
+            flags.append(f"{flag}={value}")
         else:
             flags += [flag, str(value)]
     return flags

@@ -1,5 +1,7 @@
 """The SGLang launch line derived from the job (pure: no process, no SGLang installed)."""
 
+import argparse
+
 import pytest
 
 from rlkube_runtime.actors.engine import EngineActor, engine_actor_options
@@ -58,6 +60,24 @@ def test_the_launcher_takes_the_key_from_the_pods_environment_and_never_logs_it(
     assert router.command()[router.command().index("--api-key") + 1] == "k3y"
     monkeypatch.delenv("RLKUBE_API_KEY")
     assert "--api-key" not in RouterProcess(log_dir=str(tmp_path)).command()
+
+
+def test_a_key_that_starts_with_a_dash_reaches_the_engine_and_the_router_whole(monkeypatch, tmp_path):
+    """secrets.token_urlsafe starts with '-' once in 64: as a separate word argparse takes it
+    for an option ("--api-key: expected one argument") and the router never starts."""
+    from rlkube_runtime.engine.__main__ import parse_args
+    from rlkube_runtime.serving.launch import engine_command
+    from rlkube_runtime.serving.router import RouterProcess
+
+    monkeypatch.setenv("RLKUBE_API_KEY", "-Xk3y")
+    spec = engine_launch_spec({"model_path": "/m", "log_dir": str(tmp_path), "name": "e"})
+    command = engine_command(spec, 30000, 30001)
+    assert parse_args(command[3:]).api_key == "-Xk3y"
+    router = RouterProcess(log_dir=str(tmp_path)).command()
+    assert "--api-key=-Xk3y" in router
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api-key")
+    assert parser.parse_known_args(router[3:])[0].api_key == "-Xk3y"
 
 
 def test_user_args_come_last_replace_derived_flags_and_no_flag_appears_twice():
