@@ -278,7 +278,7 @@ class TorchBackend(TrainerBackend):
             host = torch.device("cpu")
             self._move_optimizer_and_ref(host)
             if not keep_weights:
-                self._move_module(self.model, "actor", host)
+                self._offload.move_module(self.model, "actor", host)
             self._offload.wait(self.device)
             torch.cuda.empty_cache()
         self._released = True
@@ -288,7 +288,7 @@ class TorchBackend(TrainerBackend):
         if not self._released:
             return
         if self.device.type != "cpu":
-            self._move_module(self.model, "actor", self.device)
+            self._offload.move_module(self.model, "actor", self.device)
             self._move_optimizer_and_ref(self.device)
             self._offload.wait(self.device)
         self._released = False
@@ -338,9 +338,6 @@ class TorchBackend(TrainerBackend):
         if self.device.type == "cuda" and self.compute_dtype != torch.float32:
             return torch.autocast("cuda", dtype=self.compute_dtype)
         return contextlib.nullcontext()
-
-    def _move_module(self, module: torch.nn.Module, tag: str, device: torch.device) -> None:
-        self._offload.move_module(module, tag, device)
 
     def _move_optimizer_and_ref(self, device: torch.device) -> None:
         if self.ref_model is not None:

@@ -317,9 +317,8 @@ class MegatronBackend(TrainerBackend):
         if not self._released:  # released already (the weights kept): the gradient buffers are gone
             self._zero_grad()
         if not self.cpu:
-            host = torch.device("cpu")
             torch.cuda.synchronize(self.device)
-            self._move_optimizer_and_ref(host)  # before the buffers: fp32 shards may be views of them
+            self._move_optimizer_and_ref(torch.device("cpu"))  # before the buffers: fp32 shards may be views of them
             for buffer in self._ddp_buffers():
                 buffer.offload_to_cpu(move_params=not keep_weights, move_grads=True)
             self._weights_offloaded = self._weights_offloaded or not keep_weights
