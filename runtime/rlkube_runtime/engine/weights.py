@@ -6,9 +6,10 @@ Two `serialized_named_tensors` formats of /update_weights_from_tensor:
   a block of rows of a larger tensor (its first row in the header's `rlkube_row_offsets`), so
   one request never has to hold a whole embedding matrix.
 - SGLang's default (load_format null or "direct"): base64 of a `ForkingPickler` dump of a list
-  of (name, tensor) pairs. The tensors travel as handles, not bytes: CUDA IPC handles on a GPU,
-  shared-memory file descriptors on a CPU, so sender and engine must share the machine (and the
-  GPU). `decode_shared_named_tensors` unpickles only what such a dump contains.
+  of (name, tensor) pairs. The tensors travel as handles, not bytes: CUDA IPC handles on a GPU
+  (naming it by UUID, as SGLang's patched torch reductions do), shared memory on a CPU, so sender
+  and engine must share the machine (and the GPU). `encode_shared_named_tensors` writes one;
+  `decode_shared_named_tensors` unpickles only what such a dump contains.
 
 Any subset of the state dict may be sent; names and shapes are checked against the model before
 anything is copied, so a bad update changes nothing.
@@ -23,8 +24,10 @@ import json
 import pathlib
 import pickle
 from collections.abc import Mapping
+from multiprocessing.reduction import ForkingPickler
 
 import torch
+from torch.multiprocessing import reductions
 from safetensors.torch import load, load_file, save
 
 from rlkube_runtime.engine.protocol import ProtocolError
@@ -67,16 +70,60 @@ _SHARED_TENSOR_GLOBALS = {
      ("collections", "OrderedDict")}
 
 
+# Where torch's CUDA tensor reduction puts the device index among rebuild_cuda_tensor's arguments.
+_CUDA_DEVICE_ARG = 6
+
+
+def encode_shared_named_tensors(pairs: list[tuple[str, torch.Tensor]]) -> str:
+    """One entry of SGLang's default format: (name, tensor) handles, pickled as SGLang's patched
+    torch reductions pickle them. A CUDA tensor names its GPU by UUID, not by index: an engine's
+    rank sees its GPUs under other indices than the trainer rank does (Ray gives each process its
+    own CUDA_VISIBLE_DEVICES), and SGLang's ranks map the UUID back to theirs."""
+    buffer = io.BytesIO()
+    _UuidPickler(buffer).dump(pairs)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+class _UuidPickler(ForkingPickler):
+    """ForkingPickler with a CUDA tensor's device index swapped for its GPU's UUID."""
+
+    def reducer_override(self, obj):  # consulted before the dispatch table, for every object
+        if not (isinstance(obj, torch.Tensor) and obj.is_cuda):
+            return NotImplemented
+        rebuild, args = reductions.reduce_tensor(obj)
+        args = list(args)
+        args[_CUDA_DEVICE_ARG] = gpu_uuid(args[_CUDA_DEVICE_ARG])
+        return rebuild, tuple(args)
+
+
+def gpu_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def _rebuild_cuda_tensor_by_uuid(*args):
+    """torch's rebuild_cuda_tensor, for handles that name their GPU by UUID (or, from older
+    senders, by index): the UUID becomes this process's index of that GPU."""
+    args = list(args)
+    device = args[_CUDA_DEVICE_ARG]
+    if isinstance(device, str):
+        local = [i for i in range(torch.cuda.device_count()) if gpu_uuid(i) == device]
+        if not local:
+            raise ValueError(f"the tensor handle is on GPU {device}, which this process cannot see")
+        args[_CUDA_DEVICE_ARG] = local[0]
+    return reductions.rebuild_cuda_tensor(*args)
+
+
 class _SharedTensorUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
+        if (module, name) == ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"):
+            return _rebuild_cuda_tensor_by_uuid
         if (module, name) in _SHARED_TENSOR_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a tensor handle")
 
 
-def decode_shared_named_tensors(serialized: str) -> list[tuple[str, torch.Tensor]]:
+def decode_shared_named_tensors(serialized: str, *, field: str = "serialized_named_tensors[0]") -> list[tuple[str, torch.Tensor]]:
     """The (name, tensor) pairs of SGLang's default format; the tensors are the sender's memory."""
-    field = "serialized_named_tensors[0]"
     try:
         raw = base64.b64decode(serialized, validate=True)
     except (binascii.Error, ValueError) as err:

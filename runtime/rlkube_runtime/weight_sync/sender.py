@@ -4,6 +4,8 @@ Transports, each in SGLang's own API shapes so one sender drives either kind of 
 - `tensor`: /update_weights_from_tensor with SGLang's default format, pickled (name, tensor)
   handles to a staging buffer: CUDA IPC on a GPU shared with the engine (colocated placement),
   file-backed shared memory on a CPU. The engine copies straight out of the trainer's memory.
+  An engine over several GPUs takes one payload per GPU: the trainer ranks on them stage each
+  bucket together and one posts all of them (`handle_group.HandleGroup`).
 - `distributed`: /init_weights_update_group once per engine (a two-rank NCCL group, or gloo on a
   CPU), then per bucket /update_weights_from_distributed (names, dtypes, shapes) while this rank
   broadcasts the same tensors (separate placement).
@@ -20,10 +22,8 @@ bucket, so an engine never reports a version it has only half loaded.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import datetime
-import io
 import logging
 import time
 import uuid
@@ -38,6 +38,7 @@ import torch.multiprocessing
 from rlkube_runtime.memory import unique_named_tensors
 from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
 from rlkube_runtime.weight_sync.coordinator import SyncReport
+from rlkube_runtime.weight_sync.handle_group import HandleGroup, HandleGroupError
 from rlkube_runtime.weight_sync.plan import TRANSPORTS
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,12 @@ class WeightSender:
         self._groups: dict[str, _Group] = {}
         self._staging: torch.Tensor | None = None
 
-    def push(self, urls: Sequence[str], *, transport: str, version: str, disk_dir: str | None = None) -> SyncReport:
+    def push(self, urls: Sequence[str], *, transport: str, version: str, disk_dir: str | None = None,
+             handles: HandleGroup | None = None) -> SyncReport:
         """Load the current weights into every engine in `urls`; engines that fail are listed in
-        the report (their groups dropped) rather than stopping the others."""
+        the report (their groups dropped) rather than stopping the others. `handles`: for
+        `tensor` into one engine over several GPUs, this rank's place among the ranks on them
+        (every one of them calls push; the leader alone talks to the engine)."""
         if transport not in TRANSPORTS:
             raise ValueError(f"weight-sync transport must be one of {list(TRANSPORTS)}, got {transport!r}")
         started = time.monotonic()
@@ -104,8 +108,11 @@ class WeightSender:
             )
             report.bytes_per_engine = sum(p.nbytes for b in buckets for p in b)
             report.requests_per_engine = len(buckets)
-            push = {"tensor": self._push_tensor, "distributed": self._push_distributed, "http": self._push_http}[transport]
-            asyncio.run(push(list(urls), named, buckets, version, report))
+            if transport == "tensor":
+                asyncio.run(self._push_tensor(list(urls), named, buckets, version, report, handles))
+            else:
+                push = {"distributed": self._push_distributed, "http": self._push_http}[transport]
+                asyncio.run(push(list(urls), named, buckets, version, report))
         report.seconds = time.monotonic() - started
         return report
 
@@ -139,19 +146,17 @@ class WeightSender:
         finally:
             await _close(admins)
 
-    async def _push_tensor(self, urls, named, buckets, version, report: SyncReport) -> None:
-        from multiprocessing.reduction import ForkingPickler
-
+    async def _push_tensor(self, urls, named, buckets, version, report: SyncReport, handles: HandleGroup | None = None) -> None:
+        if handles is not None and handles.size > 1:
+            if len(urls) != 1:
+                raise ValueError(f"a handle group serves one engine, got {len(urls)} URLs")
+            await self._push_tensor_shared(urls[0], named, buckets, version, report, handles)
+            return
         admins = _admins(urls)
         try:
             for url in urls:
                 for i, bucket in enumerate(buckets):
-                    pairs = [(p.name, view) for p, view in self._stage(named, bucket)]
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
-                    buffer = io.BytesIO()
-                    ForkingPickler(buffer).dump(pairs)  # handles, per engine: a CPU handle opens once
-                    payload = base64.b64encode(buffer.getvalue()).decode("ascii")
+                    payload = self._staged_handles(named, bucket)  # per engine: a CPU handle opens once
                     last = i == len(buckets) - 1
                     try:
                         await admins[url].update_weights_from_tensor(
@@ -162,6 +167,49 @@ class WeightSender:
                         break
         finally:
             await _close(admins)
+
+    async def _push_tensor_shared(self, url, named, buckets, version, report: SyncReport, handles: HandleGroup) -> None:
+        """One bucket at a time, every rank of `handles` stages it on its GPU; the leader posts
+        the payloads (one per tensor-parallel rank of the engine) and tells the members when the
+        engine has copied them, so that they may stage the next bucket over the same buffer."""
+        admin = _admins([url])[url] if handles.leader else None
+        try:
+            for i, bucket in enumerate(buckets):
+                try:
+                    payload = self._staged_handles(named, bucket)
+                except Exception as err:  # the leader must hear of it, or it waits for this payload
+                    payload = HandleGroup.failure(f"trainer rank {handles.position} of engine {handles.engine}: "
+                                                  f"{type(err).__name__}: {err}")
+                try:
+                    if not handles.leader:
+                        await asyncio.to_thread(handles.offer, version, i, payload)
+                        continue
+                    payloads = await asyncio.to_thread(handles.collect, version, i, payload)
+                except HandleGroupError as err:
+                    report.failed[url] = str(err)
+                    return
+                last = i == len(buckets) - 1
+                try:
+                    await admin.update_weights_from_tensor(
+                        payloads, load_format=None, version=version if last else None, flush_cache=last
+                    )
+                except Exception as err:
+                    report.failed[url] = f"{type(err).__name__}: {err}"
+                    await asyncio.to_thread(handles.announce, version, i, report.failed[url])
+                    return
+                await asyncio.to_thread(handles.announce, version, i)
+        finally:
+            if admin is not None:
+                await admin.close()
+
+    def _staged_handles(self, named, bucket: list[Piece]) -> str:
+        """One bucket staged (and finished on the GPU) as SGLang's default-format payload."""
+        from rlkube_runtime.engine.weights import encode_shared_named_tensors
+
+        pairs = [(p.name, view) for p, view in self._stage(named, bucket)]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return encode_shared_named_tensors(pairs)
 
     async def _push_distributed(self, urls, named, buckets, version, report: SyncReport) -> None:
         admins = _admins(urls)
