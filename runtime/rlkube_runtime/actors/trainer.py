@@ -53,8 +53,11 @@ class TrainerWorker:
         # NCCL listen on this node's address, not on what the host name resolves to.
         address = node_ip()
         os.environ.update(socket_ifname_env(address, os.environ))
+        # The ranks' rendezvous store (None for one rank) also carries the IPC handles that the
+        # ranks on one engine's GPUs hand its pusher (weight_sync.HandleGroup).
+        self._store = None
         if world_size > 1:
-            _join_ranks("nccl" if device == "cuda" else "gloo", rank, world_size, master_addr, master_port, address)
+            self._store = _join_ranks("nccl" if device == "cuda" else "gloo", rank, world_size, master_addr, master_port, address)
         # The model comes from the run's plan (a built tiny checkpoint, the HF checkpoint, or the
         # weights of a resumed run), not from spec.model.hfCheckpoint.
         self.config = TrainerConfig.from_spec(self.spec, hf_checkpoint=hf_checkpoint)
@@ -147,7 +150,15 @@ class TrainerWorker:
     def push_weights(self, urls: list[str], plan, version: str):
         """Load this rank's weights into the engines at `urls` (paused and flushed by the engine
         pool) as the `weight_sync.SyncPlan` says; returns the `weight_sync.SyncReport`."""
-        return self._weight_sender(plan).push(urls, transport=plan.transport, version=version, disk_dir=plan.disk_dir)
+        handles = None
+        place = plan.handle_group_of(self.rank)
+        if place is not None:
+            from rlkube_runtime.weight_sync import HandleGroup
+
+            engine, position, size = place
+            handles = HandleGroup(self._store, engine, position, size)
+        return self._weight_sender(plan).push(urls, transport=plan.transport, version=version, disk_dir=plan.disk_dir,
+                                              handles=handles)
 
     def _weight_sender(self, plan):
         """This rank's WeightSender, made at the first push (it keeps its staging buffer and
@@ -184,9 +195,9 @@ class TrainerWorker:
             torch.distributed.destroy_process_group()
 
 
-def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, master_port: int, address: str) -> None:
+def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, master_port: int, address: str):
     """The default process group of the trainer ranks: they meet at rank 0's node, check that each
-    reaches every other at its node `address`, then build the group on that store."""
+    reaches every other at its node `address`, then build the group on that store (returned)."""
     node = describe_node(address)
     store = rendezvous_store(master_addr, master_port, rank, world_size, node)
     check_ranks_reach_each_other(store, rank, world_size, address)
@@ -201,6 +212,7 @@ def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, mast
             f"{err}. The ranks do reach each other at their node addresses; if the group could not connect, the "
             "interface named must be one the pods reach each other on"
         ) from err
+    return store
 
 
 class _PushView(torch.nn.Module):

@@ -95,7 +95,8 @@ class TrainingSpec(SpecModel):
     update_weights_transport: Literal["auto", "tensor", "distributed", "http", "disk"] = Field(
         default="auto",
         description="How weight syncs reach the engines, in SGLang's API. tensor: CUDA IPC handles "
-        "(/update_weights_from_tensor; the engine shares the trainer's GPU, or its machine on a CPU). distributed: "
+        "(/update_weights_from_tensor; the engine shares the trainer ranks' GPUs, each rank handing over its GPU's "
+        "payload, or its machine on a CPU). distributed: "
         "a NCCL (gloo on a CPU) broadcast from trainer rank 0 (/update_weights_from_distributed). http: the bytes in "
         "the requests (built-in engine only). disk: an HF directory on storage the engines share "
         "(/update_weights_from_disk). auto (default): tensor when colocated, distributed when separate.",

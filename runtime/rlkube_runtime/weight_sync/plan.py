@@ -11,11 +11,13 @@ TRANSPORTS = ("tensor", "distributed", "http", "disk")
 @dataclass(frozen=True)
 class SyncPlan:
     """pusher_of_engine[j]: the trainer rank that pushes to engine j (for `tensor` the rank on
-    the engine's GPU, otherwise rank 0). disk_dir: where the `disk` transport writes its HF
-    directories (storage every engine reads). dtype: what the engines hold and the tensors
+    the engine's first GPU, otherwise rank 0). disk_dir: where the `disk` transport writes its
+    HF directories (storage every engine reads). dtype: what the engines hold and the tensors
     travel in (`engine_dtype`). bucket_bytes: the most tensor bytes of one bucket
     (spec.training.updateWeightBufferMb). engine_ranks: an engine's GPUs (tensor-parallel
-    ranks), each a member of a `distributed` group."""
+    ranks), each a member of a `distributed` group. handle_ranks[j]: for `tensor` into engines
+    over several GPUs, the trainer ranks on engine j's GPUs in its tensor-parallel order (the
+    first is its pusher); each stages its GPU's payload (`handle_group.HandleGroup`)."""
 
     pusher_of_engine: tuple[int, ...] = ()
     transport: str = "http"
@@ -23,17 +25,29 @@ class SyncPlan:
     dtype: str = "float32"
     bucket_bytes: int = 128 << 20
     engine_ranks: int = 1
+    handle_ranks: tuple[tuple[int, ...], ...] = ()
 
     @property
     def pushing_ranks(self) -> frozenset[int]:
-        return frozenset(self.pusher_of_engine)
+        """Every rank that takes part in a push (and so needs the whole model staged)."""
+        return frozenset(self.pusher_of_engine).union(*self.handle_ranks)
 
     def by_pusher(self, engines: list[int]) -> dict[int, list[int]]:
-        """{trainer rank: the engines among `engines` it pushes to}, in engine order."""
+        """{trainer rank: the engines among `engines` it pushes to (or stages payloads for)}, in
+        engine order."""
         groups: dict[int, list[int]] = {}
         for j in engines:
-            groups.setdefault(self.pusher_of_engine[j], []).append(j)
+            for rank in self.handle_ranks[j] if self.handle_ranks else (self.pusher_of_engine[j],):
+                groups.setdefault(rank, []).append(j)
         return groups
+
+    def handle_group_of(self, rank: int) -> tuple[int, int, int] | None:
+        """(engine, position, size) of `rank` among the ranks staging payloads for one engine,
+        or None where each engine takes one rank's payload."""
+        for j, ranks in enumerate(self.handle_ranks):
+            if rank in ranks:
+                return j, ranks.index(rank), len(ranks)
+        return None
 
 
 def plan_sync(spec, topology, *, disk_dir: str | None = None) -> SyncPlan:
@@ -46,15 +60,21 @@ def plan_sync(spec, topology, *, disk_dir: str | None = None) -> SyncPlan:
         engine=spec.rollout.engine,
         gpus_per_engine=spec.rollout.gpus_per_engine,
     )
+    engine_ranks = spec.rollout.gpus_per_engine if topology.device == "cuda" else 1
     owners = []
     for bundle in topology.engine_bundles:
         shares = transport == "tensor" and bundle in topology.trainer_bundles
         owners.append(topology.trainer_bundles.index(bundle) if shares else 0)
+    handle_ranks = ()
+    if transport == "tensor" and engine_ranks > 1:
+        # topology.colocated_engine_gpus: engine j is on the GPUs of the ranks from its first on.
+        handle_ranks = tuple(tuple(range(first, first + engine_ranks)) for first in owners)
     return SyncPlan(
         tuple(owners), transport, disk_dir,
         dtype=engine_dtype(spec.model.dtype, topology.device),
         bucket_bytes=spec.training.update_weight_buffer_mb << 20,
-        engine_ranks=spec.rollout.gpus_per_engine if topology.device == "cuda" else 1,
+        engine_ranks=engine_ranks,
+        handle_ranks=handle_ranks,
     )
 
 
@@ -69,18 +89,16 @@ def weight_sync_transport(requested: str, *, placement: str, device: str, engine
     ValueError naming the field when the requested one cannot work here."""
     field = "spec.training.updateWeightsTransport"
     if requested == "auto":
-        if placement == "colocated":
-            # One trainer rank shares each engine's GPU; an engine over several GPUs needs each
-            # GPU's handles, which a single rank cannot give: it loads from disk instead.
-            return "tensor" if gpus_per_engine <= 1 else "disk"
-        return "distributed"
+        # Colocated: the trainer ranks share the engines' GPUs (an engine over several takes a
+        # payload from each of its GPUs' ranks), so the weights stay in GPU memory.
+        return "tensor" if placement == "colocated" else "distributed"
     if requested == "http" and engine != "builtin":
         raise ValueError(f"{field}: 'http' sends rlkube_safetensors bytes, which only the built-in engine reads; "
                          f"rollout.engine is {engine!r}: use 'distributed', 'tensor' or 'disk'")
-    if requested == "tensor" and (gpus_per_engine > 1 or (device == "cuda" and placement != "colocated")):
-        raise ValueError(f"{field}: 'tensor' passes CUDA IPC handles, so each engine must sit on one GPU it shares "
-                         f"with a trainer rank (placement colocated, gpusPerEngine 1); this job has placement "
-                         f"{placement!r} and gpusPerEngine {gpus_per_engine}: use 'distributed' or 'disk'")
+    if requested == "tensor" and placement != "colocated" and (device == "cuda" or gpus_per_engine > 1):
+        raise ValueError(f"{field}: 'tensor' passes CUDA IPC handles, so each engine must share its GPUs with "
+                         f"trainer ranks (placement colocated); this job has placement {placement!r}: use "
+                         "'distributed' or 'disk'")
     if requested == "distributed" and device == "cuda" and placement == "colocated":
         raise ValueError(f"{field}: 'distributed' needs the engines on GPUs of their own (NCCL cannot pair two ranks "
                          "on one GPU); with placement colocated use 'tensor' or 'disk'")

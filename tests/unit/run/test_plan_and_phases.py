@@ -69,6 +69,25 @@ def test_colocated_engines_are_pushed_by_the_rank_on_their_gpu_through_ipc_handl
     assert plan.by_pusher([0, 1]) == {2: [0], 0: [1]}
 
 
+def test_a_colocated_engine_over_several_gpus_takes_a_payload_from_each_rank_on_them(tmp_path):
+    spec = _plan(tmp_path, model={"dtype": "bfloat16"}, rollout={"gpus_per_engine": 2}).spec
+    topo = _topology(placement="colocated", device="cuda", trainer_bundles=[0, 1, 2, 3], engine_bundles=[0, 2],
+                     gpus_per_engine=2)
+    plan = plan_sync(spec, topo, disk_dir="/w")
+    assert (plan.transport, plan.pusher_of_engine, plan.engine_ranks) == ("tensor", (0, 2), 2)
+    assert plan.handle_ranks == ((0, 1), (2, 3))
+    # Every rank on an engine's GPUs pushes (so each stages the whole model first); a lost
+    # engine's replacement is pushed by its own ranks alone.
+    assert plan.pushing_ranks == frozenset({0, 1, 2, 3})
+    assert plan.by_pusher([0, 1]) == {0: [0], 1: [0], 2: [1], 3: [1]}
+    assert plan.by_pusher([1]) == {2: [1], 3: [1]}
+    assert [plan.handle_group_of(r) for r in range(4)] == [(0, 0, 2), (0, 1, 2), (1, 0, 2), (1, 1, 2)]
+    # Where each engine takes one rank's payload there is no group.
+    single = plan_sync(_plan(tmp_path).spec, _topology(placement="colocated", device="cuda", trainer_bundles=[0, 1],
+                                                        engine_bundles=[0, 1]))
+    assert (single.handle_ranks, single.handle_group_of(1)) == ((), None)
+
+
 def test_separate_engines_are_pushed_by_rank_0_over_a_broadcast_in_float32_on_a_cpu(tmp_path):
     spec = _plan(tmp_path, resources={"placement": "separate"}).spec
     topo = _topology(placement="separate", device="cpu", trainer_bundles=[0], engine_bundles=[1, 2])
