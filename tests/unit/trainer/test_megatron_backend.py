@@ -17,6 +17,7 @@ from rlkube_runtime.trainer.backend import TrainerBackend
 from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
 from rlkube_runtime.trainer.megatron.backend import MegatronBackend
 from rlkube_runtime.trainer.megatron.cpu import cpu_mode
+from rlkube_runtime.trainer.megatron.weights import read_hf_tensors
 from rlkube_runtime.trainer.torch_backend import TorchBackend
 
 LENGTHS = [(9, 4), (14, 6), (5, 2), (20, 9), (7, 3), (12, 1)]
@@ -42,7 +43,7 @@ def qwen3(tmp_path_factory):
     return tiny_hf("qwen3", tmp_path_factory.mktemp("qwen3") / "m")
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama"])
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "qwen3_moe"])
 def test_logits_match_the_hf_model(kind, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -57,7 +58,9 @@ def test_logits_match_the_hf_model(kind, tmp_path):
         want = hf(ids).logits
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
     exported = backend.export_weights()
-    for name, tensor in hf.state_dict().items():
+    checkpoint = read_hf_tensors(path)  # the checkpoint's names: per-expert ones for MoE
+    assert set(exported) - {"lm_head.weight"} == set(checkpoint) - {"lm_head.weight"}
+    for name, tensor in checkpoint.items():
         assert torch.equal(exported[name], tensor), name
 
 
@@ -84,6 +87,28 @@ def test_train_step_equals_the_torch_backend(qwen3, loss):
     got2, want2 = mega.train_step(mb), ref.train_step(tb)
     assert got2["loss"] == pytest.approx(want2["loss"], rel=1e-4, abs=1e-6)
     assert got2["loss"] != pytest.approx(got["loss"], rel=1e-6)
+
+
+def test_a_mixture_of_experts_step_equals_the_torch_backends(tmp_path):
+    """Qwen3-MoE (8 experts, top 2): megatron-core's MoE layer routes and weighs tokens as HF's
+    block does, so the loss, the gradient norm and the next step's loss (after every expert's
+    and the router's update) are the torch backend's."""
+    moe = tiny_hf("qwen3_moe", tmp_path / "moe")
+    torch.manual_seed(0)
+    batch = random_batch(LENGTHS, vocab=(8, 120))
+    mega = MegatronBackend(config(moe), device="cpu")
+    ref = TorchBackend(config(moe), device="cpu")
+    mb, tb = with_old(mega, batch), with_old(ref, batch)
+    for a, b in zip(mb.old_log_probs, tb.old_log_probs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    got, want = mega.train_step(mb), ref.train_step(tb)
+    for key in ("loss", "pg_loss", "grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    got2, want2 = mega.train_step(mb), ref.train_step(tb)
+    assert got2["loss"] == pytest.approx(want2["loss"], rel=1e-4, abs=1e-6)
+    assert got2["loss"] != pytest.approx(got["loss"], rel=1e-6)
+    router = mega.export_weights()["model.layers.0.mlp.gate.weight"]
+    assert not torch.equal(router, read_hf_tensors(moe)["model.layers.0.mlp.gate.weight"])  # the router learns
 
 
 def test_save_then_load_gives_the_identical_next_step(qwen3, tmp_path):

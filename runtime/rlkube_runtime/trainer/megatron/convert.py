@@ -1,4 +1,4 @@
-"""HF <-> megatron-core weight conversion for the Llama, Qwen2 and Qwen3 families.
+"""HF <-> megatron-core weight conversion for the Llama, Qwen2, Qwen3 and Qwen3-MoE families.
 
 Why not mbridge (what slime uses): mbridge 0.15 builds its models with TransformerEngine layer
 specs (`use_transformer_engine=True` is hard-coded, so its names are TE's fused
@@ -14,6 +14,10 @@ plus embedding.word_embeddings, decoder.final_layernorm and output_layer.
   (group-major), so an even split of dim 0 gives each tensor-parallel rank whole groups.
 - linear_fc1 is [gate; up]; a tensor-parallel rank holds [its gate rows; its up rows].
 - Row-parallel weights (linear_proj, linear_fc2) split dim 1; vocabulary tensors dim 0.
+- Mixture of experts (SequentialMLP): mlp.router.weight is HF's mlp.gate.weight; expert e's
+  mlp.experts.local_experts.<e>.linear_fc1/linear_fc2 are [gate; up] and down of HF's
+  mlp.experts.<e>.{gate,up,down}_proj (the per-expert names of HF checkpoints and of SGLang's
+  loaders), split over tensor-parallel ranks like the dense MLP's. Expert indices here are global.
 
 Everything here is pure tensor reshuffling: conversions are exact (bitwise) both ways.
 """
@@ -47,6 +51,8 @@ _GLOBAL = {
 _COLUMN = ("embedding.word_embeddings.weight", "output_layer.weight", "self_attention.linear_qkv.weight",
            "self_attention.linear_qkv.bias")
 _ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+_ROUTER = "mlp.router.weight"
 
 
 def hf_to_megatron(hf: dict[str, torch.Tensor], arch: HFArchitecture) -> dict[str, torch.Tensor]:
@@ -60,7 +66,8 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: HFArchitecture) -> dict[st
         p = f"model.layers.{i}."
         q = f"decoder.layers.{i}."
         for mg, name in _SAME.items():
-            if "_layernorm" in mg and "self_attention" in mg and not arch.qk_norm:
+            if ("_layernorm" in mg and "self_attention" in mg and not arch.qk_norm) or (
+                    mg.startswith("mlp.") and arch.num_experts):
                 continue
             out[q + mg] = _take(hf, p + name)
         out[q + "self_attention.linear_qkv.weight"] = _interleave_qkv(
@@ -70,6 +77,14 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: HFArchitecture) -> dict[st
             out[q + "self_attention.linear_qkv.bias"] = _interleave_qkv(
                 [_take(hf, p + f"self_attn.{x}_proj.bias") for x in "qkv"], arch
             )
+        if arch.num_experts:
+            out[q + _ROUTER] = _take(hf, p + "mlp.gate.weight")
+            for e in range(arch.num_experts):
+                hf_expert, mg_expert = f"{p}mlp.experts.{e}.", f"{q}mlp.experts.local_experts.{e}."
+                out[mg_expert + "linear_fc1.weight"] = torch.cat([_take(hf, hf_expert + "gate_proj.weight"),
+                                                                  _take(hf, hf_expert + "up_proj.weight")])
+                out[mg_expert + "linear_fc2.weight"] = _take(hf, hf_expert + "down_proj.weight")
+            continue
         out[q + "mlp.linear_fc1.weight"] = torch.cat([_take(hf, p + "mlp.gate_proj.weight"),
                                                       _take(hf, p + "mlp.up_proj.weight")])
     return out
@@ -98,6 +113,15 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], arch: HFArchitecture) -> dict[st
         elif suffix == "mlp.linear_fc1.weight":
             gate, up = tensor.chunk(2, dim=0)
             out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
+        elif suffix == _ROUTER:
+            out[p + "mlp.gate.weight"] = tensor
+        elif (expert := _EXPERT.match(suffix)) is not None:
+            e, which = expert.groups()
+            if which == "linear_fc1":
+                gate, up = tensor.chunk(2, dim=0)
+                out[p + f"mlp.experts.{e}.gate_proj.weight"], out[p + f"mlp.experts.{e}.up_proj.weight"] = gate, up
+            else:
+                out[p + f"mlp.experts.{e}.down_proj.weight"] = tensor
         else:
             raise KeyError(f"unexpected megatron tensor {name!r}")
     if arch.tie_word_embeddings and "model.embed_tokens.weight" in out:
@@ -112,9 +136,9 @@ def tp_split(name: str, tensor: torch.Tensor, rank: int, size: int) -> torch.Ten
     suffix = _suffix(name)
     if suffix in _COLUMN:
         return tensor.chunk(size, dim=0)[rank]
-    if suffix in _ROW:
+    if _is_row(suffix):
         return tensor.chunk(size, dim=1)[rank]
-    if suffix == "mlp.linear_fc1.weight":
+    if _is_fc1(suffix):
         gate, up = tensor.chunk(2, dim=0)
         return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]])
     return tensor
@@ -127,9 +151,9 @@ def tp_merge(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
     suffix = _suffix(name)
     if suffix in _COLUMN:
         return torch.cat(parts, dim=0)
-    if suffix in _ROW:
+    if _is_row(suffix):
         return torch.cat(parts, dim=1)
-    if suffix == "mlp.linear_fc1.weight":
+    if _is_fc1(suffix):
         halves = [p.chunk(2, dim=0) for p in parts]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
     return parts[0]
@@ -143,11 +167,22 @@ def is_tp_sharded(name: str) -> bool:
 def tp_partition_dim(name: str) -> int | None:
     """The dimension tensor-parallel ranks split `name` along, None when each holds all of it."""
     suffix = _suffix(name)
-    if suffix in _COLUMN or suffix == "mlp.linear_fc1.weight":
+    if suffix in _COLUMN or _is_fc1(suffix):
         return 0
-    if suffix in _ROW:
+    if _is_row(suffix):
         return 1
     return None
+
+
+def _is_fc1(suffix: str) -> bool:
+    """A [gate; up] weight: the dense MLP's or an expert's."""
+    expert = _EXPERT.match(suffix)
+    return suffix == "mlp.linear_fc1.weight" or (expert is not None and expert.group(2) == "linear_fc1")
+
+
+def _is_row(suffix: str) -> bool:
+    expert = _EXPERT.match(suffix)
+    return suffix in _ROW or (expert is not None and expert.group(2) == "linear_fc2")
 
 
 def to_local_layer(name: str, offset: int) -> str:

@@ -1,9 +1,12 @@
 """A megatron-core GPT model of an HF causal LM: the TransformerConfig its config.json gives,
 the local (non-TransformerEngine) layer spec, and spec.model.megatronArgs on top.
 
-Supported families: Llama, Qwen2 (biased q/k/v projections), Qwen3 (q/k RMSNorm). All are
-pre-norm RMSNorm decoders with SwiGLU MLPs and rotary embeddings, so one layer spec covers
-them; `hf_architecture` refuses anything else naming the field that differs.
+Supported families: Llama, Qwen2 (biased q/k/v projections), Qwen3 (q/k RMSNorm), and Qwen3-MoE
+(Qwen3's attention, every layer's MLP a routed mixture of SwiGLU experts). All are pre-norm
+RMSNorm decoders with rotary embeddings, so one layer spec covers them (with megatron-core's MoE
+layer in place of the MLP for Qwen3-MoE); `hf_architecture` refuses anything else naming the
+field that differs. The spec still refuses mixture-of-experts models for training
+(spec/model_fit.py) until expert parallelism and the engines' MoE weight names are in place.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import torch
 
 from rlkube_runtime.spec.megatron_args import megatron_arg_name, megatron_arg_problem, megatron_arg_target
 from rlkube_runtime.spec.model_fit import MEGATRON_MODEL_TYPES, split_violations
+
+# Mixture-of-experts families the model builder and converter know (beside the dense ones).
+MOE_MODEL_TYPES = ("qwen3_moe",)
 
 @dataclass(frozen=True)
 class HFArchitecture:
@@ -34,14 +40,20 @@ class HFArchitecture:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
+    # Mixture of experts (0 experts: a dense MLP). moe_norm_topk: the top-k routing weights are
+    # renormalised to sum to 1 (HF's norm_topk_prob), else they stay softmax-over-all shares.
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_norm_topk: bool = False
 
 
 def hf_architecture(hf_config: Any) -> HFArchitecture:
     """The architecture of an HF `PretrainedConfig`; ValueError for unsupported models."""
     model_type = getattr(hf_config, "model_type", None)
-    if model_type not in MEGATRON_MODEL_TYPES:
+    if model_type not in MEGATRON_MODEL_TYPES + MOE_MODEL_TYPES:
         raise ValueError(
-            f"spec.training.backend: megatron supports HF model types {list(MEGATRON_MODEL_TYPES)}; "
+            f"spec.training.backend: megatron supports HF model types {list(MEGATRON_MODEL_TYPES + MOE_MODEL_TYPES)}; "
             f"the checkpoint's config.json has model_type {model_type!r}"
         )
     rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
@@ -61,6 +73,7 @@ def hf_architecture(hf_config: Any) -> HFArchitecture:
     heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     return HFArchitecture(
+        **_moe_fields(hf_config),
         model_type=model_type,
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -74,8 +87,23 @@ def hf_architecture(hf_config: Any) -> HFArchitecture:
         max_position_embeddings=hf_config.max_position_embeddings,
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
     )
+
+
+def _moe_fields(hf_config: Any) -> dict[str, Any]:
+    """HFArchitecture's expert fields of a Qwen3-MoE config (none for a dense model); refuses the
+    layouts one layer spec cannot build: dense layers between sparse ones, shared experts."""
+    if getattr(hf_config, "model_type", None) not in MOE_MODEL_TYPES:
+        return {}
+    if getattr(hf_config, "decoder_sparse_step", 1) != 1 or getattr(hf_config, "mlp_only_layers", None):
+        raise ValueError("config.json decoder_sparse_step/mlp_only_layers: the megatron backend builds every "
+                         "layer as a mixture of experts (decoder_sparse_step 1, no mlp_only_layers)")
+    if getattr(hf_config, "shared_expert_intermediate_size", None):
+        raise ValueError("config.json shared_expert_intermediate_size: shared experts are not supported")
+    return dict(num_experts=hf_config.num_experts, moe_topk=hf_config.num_experts_per_tok,
+                moe_ffn_hidden_size=hf_config.moe_intermediate_size,
+                moe_norm_topk=bool(getattr(hf_config, "norm_topk_prob", False)))
 
 
 @dataclass(frozen=True)
@@ -152,8 +180,24 @@ def transformer_config(
         attention_softmax_in_fp32=True,
         **recompute,
     )
+    fields.update(_moe_config(arch, cpu=cpu))
     fields.update(overrides or {})
     return TransformerConfig(**fields)
+
+
+def _moe_config(arch: HFArchitecture, *, cpu: bool) -> dict[str, Any]:
+    """megatron-core's MoE fields for `arch`, routing as HF's Qwen3-MoE block does: softmax over
+    every expert's logit, the top k kept (pre-softmax routing), renormalised when moe_norm_topk
+    (which equals a softmax over the k kept logits: megatron's default order). Experts run one
+    after another (SequentialMLP): grouped GEMM needs TransformerEngine or grouped_gemm. No
+    auxiliary loss unless megatronArgs asks for one. On the CPU tokens reach the experts through
+    the all-gather dispatcher: the all-to-all one opens a CUDA stream when it is built."""
+    if not arch.num_experts:
+        return {}
+    return dict(moe_token_dispatcher_type="allgather" if cpu else "alltoall",
+                num_moe_experts=arch.num_experts, moe_router_topk=arch.moe_topk,
+                moe_ffn_hidden_size=arch.moe_ffn_hidden_size, moe_router_pre_softmax=not arch.moe_norm_topk,
+                moe_grouped_gemm=False, moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0)
 
 
 def check_divisible(arch: HFArchitecture, sizes: ParallelSizes) -> None:
@@ -202,7 +246,10 @@ def build_gpt_model(config, arch: HFArchitecture, *, pre_process: bool, post_pro
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 
-    layer = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    if arch.num_experts:
+        _router_gemm_without_transformer_engine()
+    layer = get_gpt_layer_local_spec(num_experts=arch.num_experts or None, moe_grouped_gemm=False,
+                                     qk_layernorm=arch.qk_norm, normalization="RMSNorm")
     layer.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
@@ -224,6 +271,16 @@ def build_gpt_model(config, arch: HFArchitecture, *, pre_process: bool, post_pro
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
     )
+
+
+def _router_gemm_without_transformer_engine() -> None:
+    """megatron-core 0.16's router matmul tests `te_general_gemm is not None` before its torch.mm
+    fallback, but binds that name only when TransformerEngine imports: without it every MoE
+    forward raised NameError. Bound to None, the fallback (torch.mm in the router dtype) runs."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 class RMSNorm(torch.nn.RMSNorm):
