@@ -48,6 +48,12 @@ def qwen3(tmp_path_factory):
     return tiny_hf("qwen3", tmp_path_factory.mktemp("gpu") / "qwen3", **SHAPE)
 
 
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    """SHAPE's attention with 8 experts of 352 channels each, top 2, in every layer."""
+    return tiny_hf("qwen3_moe", tmp_path_factory.mktemp("gpu") / "qwen3_moe", **SHAPE, moe_intermediate_size=352)
+
+
 def _spawn(world: int, fn, tmp_path: Path, *args) -> dict:
     """Run fn(rank, world, store, result_file, *args) on `world` GPUs; returns rank 0's result."""
     import torch.multiprocessing as mp
@@ -66,12 +72,13 @@ def _init(rank: int, world: int, store: str) -> None:
                             device_id=torch.device("cuda", rank))
 
 
-def _first_step(rank, world, store, result, hf, tensor, pipeline, sp):
+def _first_step(rank, world, store, result, hf, tensor, pipeline, sp, expert=1):
     from rlkube_runtime.trainer.megatron.backend import MegatronBackend
     from rlkube_runtime.trainer.megatron.model import ParallelSizes
 
     _init(rank, world, store)
-    backend = MegatronBackend(_config(hf), ParallelSizes(tensor=tensor, pipeline=pipeline, sequence_parallel=sp))
+    backend = MegatronBackend(_config(hf), ParallelSizes(tensor=tensor, pipeline=pipeline, sequence_parallel=sp,
+                                                         expert=expert))
     log_probs = backend.log_probs(_batch()).log_probs
     metrics = backend.train_step(_batch(log_probs))
     out = {"metrics": metrics, "log_probs": [t.float().cpu() for t in log_probs]}
@@ -145,6 +152,30 @@ def test_one_gpu_bf16_step_matches_the_torch_backend_and_releases_memory(qwen3, 
 
 
 @two_gpus
+def test_one_gpu_mixture_of_experts_step_matches_the_torch_backend_and_releases_memory(qwen3_moe, tmp_path):
+    """megatron-core's MoE layer (all-to-all dispatcher, experts in sequence) in bf16 against HF's
+    Qwen3-MoE block under the torch backend: the same log-probs, loss and gradient norm."""
+    got = _spawn(1, _first_step, tmp_path, str(qwen3_moe), 1, 1, False)
+    want, want_log_probs = _torch_first_step(qwen3_moe)
+    _assert_same_log_probs(got["log_probs"], want_log_probs)
+    m = got["metrics"]
+    assert m["loss"] == pytest.approx(want["loss"], rel=BF16_REL)
+    assert m["grad_norm"] == pytest.approx(want["grad_norm"], rel=5 * BF16_REL)
+    assert got["released_bytes"] >= 12 * got["params"]
+    assert got["kept_weights_equal"] and got["export_while_released_equal"] and got["optimizer_restored_equal"]
+    assert torch.isfinite(torch.tensor(got["after_resume"]["loss"]))
+
+
+@two_gpus
+def test_two_gpu_expert_parallel_first_step_matches_one_gpu(qwen3_moe, tmp_path):
+    """Experts split over two GPUs (4 each, tokens exchanged all-to-all) take one GPU's step."""
+    one = _spawn(1, _first_step, tmp_path, str(qwen3_moe), 1, 1, False)
+    two = _spawn(2, _first_step, tmp_path, str(qwen3_moe), 1, 1, False, 2)
+    _assert_same_log_probs(two["log_probs"], one["log_probs"])
+    for key in ("loss", "pg_loss", "grad_norm"):
+        assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=BF16_REL), key
+
+
 @pytest.mark.parametrize(("tensor", "pipeline", "sp"), [(2, 1, False), (2, 1, True), (1, 2, False)],
                          ids=["tp2", "tp2-sp", "pp2"])
 def test_two_gpu_first_step_loss_matches_the_torch_backend(qwen3, tmp_path, tensor, pipeline, sp):

@@ -1,7 +1,9 @@
 """MegatronBackend across two CPU processes (gloo): tensor parallelism with and without sequence
-parallelism, and two data-parallel ranks. Each takes the same step as the one-process
-TorchBackend (loss, gradient norm, weights after the step), and a distributed checkpoint saved
-by the two ranks gives the identical next step after loading."""
+parallelism, two data-parallel ranks, and a mixture of experts split over two expert-parallel
+ranks (4 of its 8 experts each). Each takes the same step as one process does (the TorchBackend;
+for the MoE model the one-process MegatronBackend, whose step test_megatron_backend checks
+against the TorchBackend's): loss, gradient norm, weights after the step. A distributed
+checkpoint saved by the two ranks gives the identical next step after loading."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def _batch(old):
     return batch.with_fields(old_log_probs=[o + 0.1 for o in old]) if old is not None else batch
 
 
-def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, ckpt: str, result: str) -> None:
+def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, expert: int, ckpt: str, result: str) -> None:
     import torch.distributed as dist
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -39,8 +41,10 @@ def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, ckpt: str, resu
     from rlkube_runtime.trainer.megatron.backend import MegatronBackend
     from rlkube_runtime.trainer.megatron.model import ParallelSizes
 
-    sizes = ParallelSizes(tensor=tensor, sequence_parallel=sp)
+    sizes = ParallelSizes(tensor=tensor, sequence_parallel=sp, expert=expert)
     backend = MegatronBackend(_config(hf), sizes, device="cpu")
+    if expert > 1:  # each rank holds its own 8 / expert of the experts
+        assert len(backend.model.decoder.layers[0].mlp.experts.local_experts) == 8 // expert
     batch = _batch(backend.log_probs(_batch(None)).log_probs)
     first = backend.train_step(batch)
     weights = backend.export_weights()
@@ -56,25 +60,35 @@ def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, ckpt: str, resu
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("tensor", "sp"), [(2, False), (2, True), (1, False)], ids=["tp2", "tp2-sp", "dp2"])
-def test_two_ranks_step_like_one_torch_process_and_resume_exactly(tensor, sp, tmp_path):
+@pytest.mark.parametrize(("kind", "tensor", "sp", "expert"),
+                         [("qwen3", 2, False, 1), ("qwen3", 2, True, 1), ("qwen3", 1, False, 1), ("qwen3_moe", 1, False, 2)],
+                         ids=["tp2", "tp2-sp", "dp2", "moe-ep2"])
+def test_two_ranks_step_like_one_process_and_resume_exactly(kind, tensor, sp, expert, tmp_path):
     import torch.multiprocessing as mp
 
-    hf = tiny_hf("qwen3", tmp_path / "hf")
+    hf = tiny_hf(kind, tmp_path / "hf")
     env = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env])
     try:
-        mp.start_processes(_rank, args=(str(tmp_path / "store"), str(hf), tensor, sp, str(tmp_path / "ckpt"), str(tmp_path / "result.pt")),
+        mp.start_processes(_rank, args=(str(tmp_path / "store"), str(hf), tensor, sp, expert, str(tmp_path / "ckpt"),
+                                        str(tmp_path / "result.pt")),
                            nprocs=2, start_method="spawn")
     finally:
         os.environ["PYTHONPATH"] = env
     first, weights, second, resumed = torch.load(tmp_path / "result.pt", weights_only=True)
 
-    ref = TorchBackend(_config(hf), device="cpu")
+    if expert > 1:
+        from rlkube_runtime.trainer.megatron.backend import MegatronBackend
+
+        ref = MegatronBackend(_config(hf), device="cpu")
+    else:
+        ref = TorchBackend(_config(hf), device="cpu")
     want = ref.train_step(_batch(ref.log_probs(_batch(None)).log_probs))
     for key in ("loss", "pg_loss", "grad_norm"):
         assert first[key] == pytest.approx(want[key], rel=1e-5), key
-    for name, tensor_ in ref.export_weights().items():
+    expected = ref.export_weights()
+    assert set(weights) == set(expected)  # every expert, from both ranks, by its global name
+    for name, tensor_ in expected.items():
         # Adam's first step (see test_megatron_backend): where a gradient is ~eps, summation-order
         # noise moves the update by a fraction of lr (1e-3); a tenth of lr at most, ~nothing on average.
         diff = (weights[name] - tensor_).abs()

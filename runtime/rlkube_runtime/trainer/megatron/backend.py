@@ -45,7 +45,7 @@ from ..config import TrainerConfig
 from ..lr_schedule import LRSchedule
 from ..optim import make_adamw
 from ..packing import partition_for_ranks
-from . import checkpoint, convert, optimizer
+from . import checkpoint, convert, experts, optimizer
 from .cpu import in_cpu_mode
 from .micro_batch import model_inputs
 from .model import HFArchitecture, ParallelSizes, build_gpt_model, hf_architecture, split_megatron_args, transformer_config
@@ -109,6 +109,8 @@ class MegatronBackend(TrainerBackend):
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.ep_rank, self.experts_per_rank = ps.get_expert_model_parallel_rank(), self.arch.num_experts // self.sizes.expert
+        self.etp_rank, self.etp_size = ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
         if self.cpu and self.pp_size > 1:
             raise ValueError(
@@ -146,10 +148,7 @@ class MegatronBackend(TrainerBackend):
     ) -> LogProbs:
         self._check_resident("log_probs")
         module = pick_model(model, self.train_module, self.ref_module if self.ref_model is not None else None)
-        mine = partition_for_ranks(batch.total_lengths, self.dp_size)[self.dp_rank]
-        local = batch.select(mine)
-        plan = self._plan(local)
-        micro = [self._micro_batch(local, group, [mine[i] for i in group]) for group in plan]
+        micro, _ = self._rank_micro_batches(batch)
         was_training = module.training
         module.eval()
         outputs = self._run(module, micro, forward_only=True,
@@ -190,10 +189,7 @@ class MegatronBackend(TrainerBackend):
             batch, self.config.loss, global_num_samples=global_num_samples, global_num_tokens=global_num_tokens
         )
 
-        mine = partition_for_ranks(batch.total_lengths, self.dp_size)[self.dp_rank]
-        local = batch.select(mine)
-        plan = self._plan(local)
-        micro = [self._micro_batch(local, group, [mine[i] for i in group]) for group in plan]
+        micro, plan = self._rank_micro_batches(batch)
         if not micro:  # this data-parallel rank has no share: a zero-weight pass keeps collectives paired
             micro = [self._micro_batch(batch, [0], [0], weight=0.0)]
         self.train_module.train()
@@ -231,7 +227,13 @@ class MegatronBackend(TrainerBackend):
             if name == "output_layer.weight" and self.arch.tie_word_embeddings:
                 continue  # a copy of the word embeddings on the last stage
             full = self._gather_tp(name, tensor.detach())
-            mine[convert.to_global_layer(name, offset)] = full if on_device else full.to("cpu", torch.float32, copy=True)
+            gathered = {name: full}
+            if self.sizes.expert > 1 and convert.is_expert(name):
+                gathered = experts.gather_expert(name, full, experts_per_rank=self.experts_per_rank,
+                                                 group=ps.get_expert_model_parallel_group())
+            for local_name, part in gathered.items():
+                key = convert.to_global_layer(local_name, offset)
+                mine[key] = part if on_device else part.to("cpu", torch.float32, copy=True)
         if self.pp_size > 1:
             mine = all_gather_stages(mine, ps.get_pipeline_model_parallel_group(), self.device)
         return convert.megatron_to_hf(mine, self.arch)
@@ -367,7 +369,8 @@ class MegatronBackend(TrainerBackend):
 
     def _build(self, hf_dir: str) -> torch.nn.Module:
         model = build_gpt_model(self.tconfig, self.arch, pre_process=self.first_stage, post_process=self.last_stage)
-        load_hf_into(model, hf_dir, self.arch, tp_rank=self.tp_rank, tp_size=self.tp_size)
+        load_hf_into(model, hf_dir, self.arch, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                     first_expert=self.ep_rank * self.experts_per_rank, expert_tp=(self.etp_rank, self.etp_size))
         if self.last_stage and not self.sizes.sequence_parallel:
             model.output_layer.register_forward_pre_hook(self._only_response_positions, with_kwargs=True)
         if not self.cpu:
@@ -428,6 +431,20 @@ class MegatronBackend(TrainerBackend):
             return module(mb["input_ids"], mb["position_ids"], mb["attention_mask"])
         finally:
             self._positions = None
+
+    def _rank_micro_batches(self, batch: TrainBatch) -> tuple[list[dict[str, Any]], list[list[int]]]:
+        """This data-parallel rank's share of `batch` as micro-batches (and their plan), evened
+        over the ranks its experts exchange tokens with when experts are split."""
+        mine = partition_for_ranks(batch.total_lengths, self.dp_size)[self.dp_rank]
+        local = batch.select(mine)
+        plan = self._plan(local)
+        micro = [self._micro_batch(local, group, [mine[i] for i in group]) for group in plan]
+        if self.sizes.expert > 1:
+            from megatron.core import parallel_state as ps
+
+            micro = experts.even_micro_batches(micro, lambda: self._micro_batch(batch, [0], [0], weight=0.0),
+                                               ps.get_expert_tensor_and_model_parallel_group(), same_shape=self.cpu)
+        return micro, plan
 
     def _micro_batch(self, batch: TrainBatch, group: list[int], index: list[int], *, weight: float = 1.0) -> dict[str, Any]:
         pad_to = self.tp_size if self.sizes.sequence_parallel else 1
@@ -499,10 +516,14 @@ class MegatronBackend(TrainerBackend):
         return self.last_stage and self.tp_rank == 0
 
     def _gather_tp(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if self.tp_size == 1 or not convert.is_tp_sharded(name):
-            return tensor
+        """The whole of `name` from its tensor-parallel shards (an expert's: over expert-tensor-parallel ranks)."""
         from megatron.core import parallel_state as ps
 
-        parts = [torch.empty_like(tensor) for _ in range(self.tp_size)]
-        dist.all_gather(parts, tensor.contiguous(), group=ps.get_tensor_model_parallel_group())
+        expert = convert.is_expert(name)
+        size = self.etp_size if expert else self.tp_size
+        if size == 1 or not convert.is_tp_sharded(name):
+            return tensor
+        group = ps.get_expert_tensor_parallel_group() if expert else ps.get_tensor_model_parallel_group()
+        parts = [torch.empty_like(tensor) for _ in range(size)]
+        dist.all_gather(parts, tensor.contiguous(), group=group)
         return convert.tp_merge(name, parts)

@@ -185,6 +185,22 @@ def _is_row(suffix: str) -> bool:
     return suffix in _ROW or (expert is not None and expert.group(2) == "linear_fc2")
 
 
+def is_expert(name: str) -> bool:
+    """Whether `name` is one expert's weight (expert-parallel ranks hold different experts)."""
+    return _EXPERT.match(_suffix(name)) is not None
+
+
+def shift_expert(name: str, offset: int) -> str:
+    """An expert weight's name with its expert index moved by `offset`: local -> global with
+    the rank's first expert index (ep_rank x experts per rank), global -> local with minus it.
+    Other names are returned as they are."""
+    m = _LAYER.match(name)
+    expert = _EXPERT.match(m.group(2)) if m else None
+    if expert is None:
+        return name
+    return f"decoder.layers.{m.group(1)}.mlp.experts.local_experts.{int(expert.group(1)) + offset}.{expert.group(2)}.weight"
+
+
 def to_local_layer(name: str, offset: int) -> str:
     """A global-index megatron name as a pipeline stage whose first layer is `offset` names it."""
     m = _LAYER.match(name)

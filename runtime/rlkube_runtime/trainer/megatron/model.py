@@ -113,12 +113,13 @@ class ParallelSizes:
     context: int = 1
     sequence_parallel: bool = False
     recompute: str = "none"  # none | full | selective
+    expert: int = 1  # expert-parallel ranks of a mixture of experts (each holds experts/expert of them)
 
     @classmethod
     def from_spec(cls, spec: Any) -> ParallelSizes:
         par = spec.parallelism
         return cls(tensor=par.tensor, pipeline=par.pipeline, context=par.context,
-                   sequence_parallel=par.sequence_parallel, recompute=par.recompute)
+                   sequence_parallel=par.sequence_parallel, recompute=par.recompute, expert=par.expert)
 
 
 def transformer_config(
@@ -159,6 +160,7 @@ def transformer_config(
         tensor_model_parallel_size=sizes.tensor,
         pipeline_model_parallel_size=sizes.pipeline,
         context_parallel_size=sizes.context,
+        expert_model_parallel_size=sizes.expert,
         sequence_parallel=sizes.sequence_parallel,
         # Micro-batches have different shapes: pipeline stages exchange them before each transfer.
         variable_seq_lengths=sizes.pipeline > 1,
@@ -210,6 +212,11 @@ def check_divisible(arch: HFArchitecture, sizes: ParallelSizes) -> None:
         raise ValueError(f"spec.{field}: {message}")
     if sizes.sequence_parallel and sizes.tensor == 1:
         raise ValueError("spec.parallelism.sequenceParallel: true needs spec.parallelism.tensor > 1")
+    if sizes.expert > 1 and not arch.num_experts:
+        raise ValueError(f"spec.parallelism.expert: {sizes.expert} needs a mixture-of-experts model; "
+                         f"{arch.model_type} is dense")
+    if arch.num_experts % sizes.expert:
+        raise ValueError(f"spec.parallelism.expert: {sizes.expert} does not divide the model's {arch.num_experts} experts")
 
 
 def split_megatron_args(args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..config import OptimizerConfig
 from ..optim import step_if_finite
+from .experts import is_expert_parallel
 
 # Megatron clips only when clip_grad > 0, and reports a norm only when it clips: "off" is a
 # threshold no norm reaches, so the norm is still reported as the torch backend does.
@@ -68,7 +69,7 @@ def gpu_grads_finite(buffers: list, device: torch.device) -> bool:
 
 def cpu_reduce_grads(model: torch.nn.Module, *, sizes, arch, dp_size: int, tp_size: int, pp_size: int) -> None:
     """What megatron's finalize_model_grads does on GPU: sum gradients over data-parallel
-    ranks, over tensor-parallel ranks for sequence-parallel and q/k norms, and between the
+    ranks (an expert's over expert-data-parallel ranks), over tensor-parallel ranks for sequence-parallel and q/k norms, and between the
     first and last pipeline stage for tied embeddings."""
     from megatron.core import parallel_state as ps
 
@@ -78,7 +79,13 @@ def cpu_reduce_grads(model: torch.nn.Module, *, sizes, arch, dp_size: int, tp_si
             p.grad = torch.zeros_like(p)
     if dp_size > 1:
         for p in params:
-            dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
+            if not is_expert_parallel(p):  # an expert's gradient already has every exchanging rank's tokens
+                dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
+    expert_dp = ps.get_expert_data_parallel_group()
+    if dist.get_world_size(expert_dp) > 1:
+        for p in params:
+            if is_expert_parallel(p):
+                dist.all_reduce(p.grad, group=expert_dp)
     if tp_size > 1:
         # Norm weights whose inputs are split over tensor-parallel ranks (the sequence with
         # sequence parallelism; the heads for q/k norms) get a partial gradient on each rank.
@@ -107,12 +114,14 @@ def cpu_clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     from megatron.core.transformer.module import param_is_not_shared
 
     squares = torch.zeros((), dtype=torch.float64)
+    expert_squares = torch.zeros((), dtype=torch.float64)  # distinct on each expert-parallel rank
     params = [p for p in model.parameters() if p.requires_grad and p.grad is not None]
     for p in params:
         if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p):
-            squares += p.grad.double().pow(2).sum()
+            (expert_squares if is_expert_parallel(p) else squares).add_(p.grad.double().pow(2).sum())
     dist.all_reduce(squares, group=ps.get_model_parallel_group())
-    norm = float(squares.sqrt())
+    dist.all_reduce(expert_squares, group=ps.get_expert_tensor_model_pipeline_parallel_group())
+    norm = float((squares + expert_squares).sqrt())
     if clip > 0 and math.isfinite(norm) and norm > clip:
         for p in params:
             p.grad.mul_(clip / (norm + 1e-6))

@@ -40,9 +40,14 @@ def init_parallel_state(sizes: ParallelSizes, *, cpu: bool) -> None:
             f"spec.parallelism: tensor x pipeline x context = {sizes.tensor * sizes.pipeline * sizes.context} "
             f"does not divide the {world} trainer ranks"
         )
+    if world % (sizes.expert * sizes.tensor * sizes.pipeline):
+        raise ValueError(
+            f"spec.parallelism.expert: expert x tensor x pipeline = {sizes.expert * sizes.tensor * sizes.pipeline} "
+            f"does not divide the {world} trainer ranks"
+        )
     if ps.model_parallel_is_initialized():
-        same = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) == (
-            sizes.tensor, sizes.pipeline)
+        same = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                ps.get_expert_model_parallel_world_size()) == (sizes.tensor, sizes.pipeline, sizes.expert)
         if same:
             return
         ps.destroy_model_parallel()
@@ -50,6 +55,7 @@ def init_parallel_state(sizes: ParallelSizes, *, cpu: bool) -> None:
         tensor_model_parallel_size=sizes.tensor,
         pipeline_model_parallel_size=sizes.pipeline,
         context_parallel_size=sizes.context,
+        expert_model_parallel_size=sizes.expert,
     )
 
 

@@ -31,19 +31,23 @@ def read_hf_tensors(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_hf_into(model: torch.nn.Module, hf_dir: str | Path, arch: HFArchitecture, *, tp_rank: int, tp_size: int) -> None:
-    """Copy this tensor/pipeline rank's share of the HF checkpoint in `hf_dir` into `model`."""
+def load_hf_into(model: torch.nn.Module, hf_dir: str | Path, arch: HFArchitecture, *, tp_rank: int, tp_size: int,
+                 first_expert: int = 0, expert_tp: tuple[int, int] | None = None) -> None:
+    """Copy this tensor/pipeline rank's share of the HF checkpoint in `hf_dir` into `model`.
+    A mixture of experts: this expert-parallel rank's experts start at global index
+    `first_expert`, split over `expert_tp` = (rank, size) (default: the tensor-parallel ones)."""
     offset = layer_offset(model)
     hf = read_hf_tensors(hf_dir)
     full = convert.hf_to_megatron(hf, arch)
     with torch.no_grad():
         for name, param in named_weights(model):
-            key = convert.to_global_layer(name, offset)
+            key = convert.shift_expert(convert.to_global_layer(name, offset), first_expert)
             if key == "output_layer.weight" and arch.tie_word_embeddings:
                 key = "embedding.word_embeddings.weight"  # the last stage's copy of the embeddings
             if key not in full:
                 raise KeyError(f"no HF tensor converts to megatron parameter {key!r}")
-            part = convert.tp_split(key, full[key], tp_rank, tp_size)
+            rank, size = (expert_tp or (tp_rank, tp_size)) if convert.is_expert(key) else (tp_rank, tp_size)
+            part = convert.tp_split(key, full[key], rank, size)
             if tuple(part.shape) != tuple(param.shape):
                 raise ValueError(f"{key}: converted shape {tuple(part.shape)} != model shape {tuple(param.shape)}")
             param.copy_(part)
