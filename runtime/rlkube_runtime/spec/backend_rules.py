@@ -7,8 +7,9 @@ torch trains data-parallel replicas of the whole model: every setting that split
 megatron backend, which `auto` chooses when any of them is set. megatron puts one model replica
 on tensor x pipeline GPUs, so that product must divide the trainer's GPUs (resources.trainer.nodes
 x gpusPerNode); sequence parallelism splits along the tensor ranks. Neither backend builds context
-parallelism (megatron-core's needs TransformerEngine's attention) or mixture-of-experts models
-(so no expert parallelism): both sizes must be 1, whichever backend is asked for.
+parallelism (megatron-core's needs TransformerEngine's attention), and RL jobs do not run
+mixture-of-experts models yet (so no expert parallelism): both sizes must be 1, whichever backend
+is asked for.
 
 Each rule is written once as a message template with %d placeholders: Python fills it with `%`
 (`backend_violations`, run by `rlkube validate`, the operator and the runtime) and the CRD's CEL
@@ -61,8 +62,8 @@ CONTEXT_MESSAGE = (
     "the megatron backend runs the local layer spec on torch SDPA); use 1"
 )
 EXPERT_MESSAGE = (
-    "expert(%d) > 1: expert parallelism needs a mixture-of-experts model, which neither backend trains yet "
-    "(megatron: dense Llama, Qwen2, Qwen3); use 1"
+    "expert(%d) > 1: expert parallelism is for mixture-of-experts models, which RL jobs do not run yet (the "
+    "megatron backend trains them; the weight sync to the engines does not carry expert weights); use 1"
 )
 FLOAT16_MESSAGE = (
     "float16 needs loss scaling, which the megatron backend does not do; use bfloat16 (or float32), or the torch "

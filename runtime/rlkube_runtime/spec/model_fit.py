@@ -4,7 +4,8 @@ cluster, the driver) before anything starts.
 
 The parallel sizes must split the model evenly (tensor: attention and key/value heads, the
 vocabulary and the MLP channels; pipeline: the layers), the megatron backend must know the
-architecture, and a mixture-of-experts model is refused: neither backend trains one yet.
+architecture, and a mixture-of-experts model is refused: the megatron backend trains Qwen3-MoE
+(expert parallel too), but no RL job runs one until the weight sync carries expert weights.
 Plain dictionaries in, (path relative to spec, message) pairs out, as in backend_rules.py.
 """
 
@@ -44,8 +45,9 @@ def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str
     """What `spec` (an RLJobSpec) asks that the model of `config` (its config.json) cannot do."""
     moe = expert_count_key(config)
     if moe:
-        return [("model", f"config.json {moe}: {config[moe]}: a mixture-of-experts model, which neither trainer "
-                 "backend trains yet (megatron: dense Llama, Qwen2, Qwen3; torch: dense models)")]
+        return [("model", f"config.json {moe}: {config[moe]}: a mixture-of-experts model, which RL jobs do not "
+                 "run yet (the megatron backend trains Qwen3-MoE; the weight sync to the engines does not carry expert "
+                 "weights)")]
     backend, _ = chosen_backend(spec)
     if backend != "megatron":
         return []

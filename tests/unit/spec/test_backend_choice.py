@@ -88,8 +88,8 @@ def test_model_fit_refuses_mixture_of_experts_and_unknown_architectures(good_doc
     assert expert_count_key({**QWEN3_SMALL, "num_experts": 1}) is None
     moe = {**QWEN3_SMALL, "model_type": "qwen3_moe", "num_experts": 128}
     assert model_fit_violations(torch_spec, moe) == [(
-        "model", "config.json num_experts: 128: a mixture-of-experts model, which neither trainer backend trains yet "
-        "(megatron: dense Llama, Qwen2, Qwen3; torch: dense models)")]
+        "model", "config.json num_experts: 128: a mixture-of-experts model, which RL jobs do not run yet "
+        "(the megatron backend trains Qwen3-MoE; the weight sync to the engines does not carry expert weights)")]
     assert model_fit_violations(torch_spec, {**QWEN3_SMALL, "model_type": "gpt2"}) == []  # torch trains any causal LM
     tp2 = _spec(good_doc, parallelism={"tensor": 2})
     assert model_fit_violations(tp2, QWEN3_SMALL) == []

@@ -205,7 +205,7 @@ BROKEN = [
         "megatron-args-mixture-of-experts",
         {"spec.model.megatronArgs": {"moe-router-topk": 2}},
         "spec.model.megatronArgs.moe-router-topk",
-        "a mixture-of-experts setting; neither backend trains mixture-of-experts models yet; remove it",
+        "a mixture-of-experts setting; RL jobs do not run mixture-of-experts models yet; remove it",
     ),
     (
         "megatron-replica-larger-than-trainer",
@@ -225,8 +225,8 @@ BROKEN = [
         "no-expert-parallelism",
         {"spec.training.backend": "megatron", "spec.parallelism": {"tensor": 4, "expert": 4}},
         "spec.parallelism.expert",
-        "expert(4) > 1: expert parallelism needs a mixture-of-experts model, which neither backend trains yet "
-        "(megatron: dense Llama, Qwen2, Qwen3); use 1",
+        "expert(4) > 1: expert parallelism is for mixture-of-experts models, which RL jobs do not run yet (the "
+        "megatron backend trains them; the weight sync to the engines does not carry expert weights); use 1",
     ),
     (
         "no-context-parallelism",
