@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import functools
 import logging
 import time
 import uuid
@@ -108,11 +109,9 @@ class WeightSender:
             )
             report.bytes_per_engine = sum(p.nbytes for b in buckets for p in b)
             report.requests_per_engine = len(buckets)
-            if transport == "tensor":
-                asyncio.run(self._push_tensor(list(urls), named, buckets, version, report, handles))
-            else:
-                push = {"distributed": self._push_distributed, "http": self._push_http}[transport]
-                asyncio.run(push(list(urls), named, buckets, version, report))
+            push = {"tensor": functools.partial(self._push_tensor, handles=handles),
+                    "distributed": self._push_distributed, "http": self._push_http}[transport]
+            asyncio.run(push(list(urls), named, buckets, version, report))
         report.seconds = time.monotonic() - started
         return report
 
@@ -172,7 +171,7 @@ class WeightSender:
         """One bucket at a time, every rank of `handles` stages it on its GPU; the leader posts
         the payloads (one per tensor-parallel rank of the engine) and tells the members when the
         engine has copied them, so that they may stage the next bucket over the same buffer."""
-        admin = _admins([url])[url] if handles.leader else None
+        admins = _admins([url]) if handles.leader else {}  # the members talk to the leader only
         try:
             for i, bucket in enumerate(buckets):
                 try:
@@ -190,7 +189,7 @@ class WeightSender:
                     return
                 last = i == len(buckets) - 1
                 try:
-                    await admin.update_weights_from_tensor(
+                    await admins[url].update_weights_from_tensor(
                         payloads, load_format=None, version=version if last else None, flush_cache=last
                     )
                 except Exception as err:
@@ -199,8 +198,7 @@ class WeightSender:
                     return
                 await asyncio.to_thread(handles.announce, version, i)
         finally:
-            if admin is not None:
-                await admin.close()
+            await _close(admins)
 
     def _staged_handles(self, named, bucket: list[Piece]) -> str:
         """One bucket staged (and finished on the GPU) as SGLang's default-format payload."""

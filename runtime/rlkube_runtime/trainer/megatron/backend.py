@@ -191,7 +191,7 @@ class MegatronBackend(TrainerBackend):
 
         micro, plan = self._rank_micro_batches(batch)
         if not micro:  # this data-parallel rank has no share: a zero-weight pass keeps collectives paired
-            micro = [self._micro_batch(batch, [0], [0], weight=0.0)]
+            micro = [self._zero_weight_micro_batch(batch)]
         self.train_module.train()
         self._zero_grad()
         outputs = self._run(self.train_module, micro, forward_only=False,
@@ -442,9 +442,13 @@ class MegatronBackend(TrainerBackend):
         if self.sizes.expert > 1:
             from megatron.core import parallel_state as ps
 
-            micro = experts.even_micro_batches(micro, lambda: self._micro_batch(batch, [0], [0], weight=0.0),
+            micro = experts.even_micro_batches(micro, partial(self._zero_weight_micro_batch, batch),
                                                ps.get_expert_tensor_and_model_parallel_group(), same_shape=self.cpu)
         return micro, plan
+
+    def _zero_weight_micro_batch(self, batch: TrainBatch) -> dict[str, Any]:
+        """A pass that adds nothing (weight 0) but takes part in the collectives of a real one."""
+        return self._micro_batch(batch, [0], [0], weight=0.0)
 
     def _micro_batch(self, batch: TrainBatch, group: list[int], index: list[int], *, weight: float = 1.0) -> dict[str, Any]:
         pad_to = self.tp_size if self.sizes.sequence_parallel else 1

@@ -81,12 +81,10 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: HFArchitecture) -> dict[st
             out[q + _ROUTER] = _take(hf, p + "mlp.gate.weight")
             for e in range(arch.num_experts):
                 hf_expert, mg_expert = f"{p}mlp.experts.{e}.", f"{q}mlp.experts.local_experts.{e}."
-                out[mg_expert + "linear_fc1.weight"] = torch.cat([_take(hf, hf_expert + "gate_proj.weight"),
-                                                                  _take(hf, hf_expert + "up_proj.weight")])
+                out[mg_expert + "linear_fc1.weight"] = _gate_up(hf, hf_expert)
                 out[mg_expert + "linear_fc2.weight"] = _take(hf, hf_expert + "down_proj.weight")
             continue
-        out[q + "mlp.linear_fc1.weight"] = torch.cat([_take(hf, p + "mlp.gate_proj.weight"),
-                                                      _take(hf, p + "mlp.up_proj.weight")])
+        out[q + "mlp.linear_fc1.weight"] = _gate_up(hf, p + "mlp.")
     return out
 
 
@@ -110,18 +108,14 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], arch: HFArchitecture) -> dict[st
             kind = suffix.rsplit(".", 1)[1]
             for x, part in zip("qkv", _split_qkv(tensor, arch)):
                 out[p + f"self_attn.{x}_proj.{kind}"] = part
-        elif suffix == "mlp.linear_fc1.weight":
-            gate, up = tensor.chunk(2, dim=0)
-            out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
         elif suffix == _ROUTER:
             out[p + "mlp.gate.weight"] = tensor
-        elif (expert := _EXPERT.match(suffix)) is not None:
-            e, which = expert.groups()
-            if which == "linear_fc1":
-                gate, up = tensor.chunk(2, dim=0)
-                out[p + f"mlp.experts.{e}.gate_proj.weight"], out[p + f"mlp.experts.{e}.up_proj.weight"] = gate, up
-            else:
-                out[p + f"mlp.experts.{e}.down_proj.weight"] = tensor
+        elif _is_fc1(suffix):  # the dense MLP's [gate; up] or an expert's
+            expert = _EXPERT.match(suffix)
+            mlp = p + ("mlp." if expert is None else f"mlp.experts.{expert.group(1)}.")
+            out[mlp + "gate_proj.weight"], out[mlp + "up_proj.weight"] = tensor.chunk(2, dim=0)
+        elif (expert := _EXPERT.match(suffix)) is not None:  # an expert's down projection
+            out[p + f"mlp.experts.{expert.group(1)}.down_proj.weight"] = tensor
         else:
             raise KeyError(f"unexpected megatron tensor {name!r}")
     if arch.tie_word_embeddings and "model.embed_tokens.weight" in out:
@@ -239,6 +233,11 @@ def _split_qkv(fused: torch.Tensor, arch: HFArchitecture) -> tuple[torch.Tensor,
     g = fused.reshape(groups, (per + 2) * d, *rest)
     q, k, v = g.split([per * d, d, d], dim=1)
     return tuple(t.reshape(-1, *rest).contiguous() for t in (q, k, v))
+
+
+def _gate_up(hf: dict[str, torch.Tensor], mlp: str) -> torch.Tensor:
+    """linear_fc1 of the HF MLP (or expert) whose names start with `mlp`: [gate; up]."""
+    return torch.cat([_take(hf, mlp + "gate_proj.weight"), _take(hf, mlp + "up_proj.weight")])
 
 
 def _take(hf: dict[str, torch.Tensor], name: str) -> torch.Tensor:

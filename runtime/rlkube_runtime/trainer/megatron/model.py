@@ -5,8 +5,8 @@ Supported families: Llama, Qwen2 (biased q/k/v projections), Qwen3 (q/k RMSNorm)
 (Qwen3's attention, every layer's MLP a routed mixture of SwiGLU experts). All are pre-norm
 RMSNorm decoders with rotary embeddings, so one layer spec covers them (with megatron-core's MoE
 layer in place of the MLP for Qwen3-MoE); `hf_architecture` refuses anything else naming the
-field that differs. The spec still refuses mixture-of-experts models for training
-(spec/model_fit.py) until expert parallelism and the engines' MoE weight names are in place.
+field that differs. The spec still refuses mixture-of-experts jobs (spec/model_fit.py) until the
+weight sync carries expert weights to the engines.
 """
 
 from __future__ import annotations
