@@ -1,4 +1,4 @@
-"""Load a prompt set (JSONL, Parquet or a registered built-in task) into Samples.
+"""Load a prompt set (JSONL, JSON, Parquet or a registered built-in task) into Samples.
 
 Every record is checked before training starts, so a bad line fails the job at once with the file
 and line instead of crashing a rollout hours later. The operator treats these errors as permanent
@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from rlkube_runtime.data.sample import Sample
-
-BUILTIN_PREFIX = "builtin:"
+from rlkube_runtime.spec.data import BUILTIN_PREFIX, PROMPT_FILE_SUFFIXES
 
 BuiltinFactory = Callable[[], Iterable[Mapping[str, Any]]]
 """Returns the task's records, with the same keys a JSONL line would have."""
@@ -110,6 +109,7 @@ def load_prompt_dataset_from_spec(data_spec: Any, *, tokenizer: Any = None) -> l
         metadata_key=data_spec.metadata_key,
         tools_key=data_spec.tools_key,
         apply_chat_template=data_spec.apply_chat_template,
+        chat_template_kwargs=data_spec.chat_template_kwargs,
     )
 
 
@@ -129,18 +129,14 @@ def _read_records(
             f"prompt data file {source} does not exist (or is not a file); check data.promptData "
             "and that the volume holding it is mounted."
         )
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        yield from _read_jsonl(path)
-    elif suffix == ".json":
-        yield from _read_json(path)
-    elif suffix == ".parquet":
-        yield from _read_parquet(path, required=[k for k in (input_key, label_key) if k])
-    else:
+    read = _FILE_READERS.get(path.suffix)
+    if read is None:
         raise DatasetError(
-            f"prompt data file {source}: unsupported format {suffix or '(no suffix)'!r}; "
-            f"use .jsonl, .json or .parquet, or {BUILTIN_PREFIX}<name> for a built-in task."
+            f"prompt data file {source}: unsupported format {path.suffix or '(no suffix)'!r}; "
+            f"use {', '.join(PROMPT_FILE_SUFFIXES[:-1])} or {PROMPT_FILE_SUFFIXES[-1]}, "
+            f"or {BUILTIN_PREFIX}<name> for a built-in task."
         )
+    yield from read(path, [k for k in (input_key, label_key) if k])
 
 
 def _read_builtin(name: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -221,6 +217,14 @@ def _read_parquet(
 
 
 # --- one record -> Sample ------------------------------------------------------------------
+
+
+# One reader per suffix the spec accepts (spec.data.PROMPT_FILE_SUFFIXES; a test keeps them equal).
+_FILE_READERS: dict[str, Callable[[pathlib.Path, list[str]], Iterator[tuple[str, Mapping[str, Any]]]]] = {
+    ".jsonl": lambda path, required: _read_jsonl(path),
+    ".json": lambda path, required: _read_json(path),
+    ".parquet": lambda path, required: _read_parquet(path, required=required),
+}
 
 
 def _record_to_sample(

@@ -29,7 +29,7 @@ class EvalDatasetSpec(SpecModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
         description="Dataset name, used in metric labels (eval/<name>/...). Required; letters, digits, '_', '.', '-'.",
     )
-    path: DataPath = Field(description="A .jsonl or .parquet file, or 'builtin:<task>'. Required.")
+    path: DataPath = Field(description="A .jsonl, .json or .parquet file, or 'builtin:<task>'. Required.")
     n_samples: int = Field(default=1, ge=1, description="Responses sampled per prompt. Default 1, >= 1.")
     max_response_len: Optional[int] = Field(
         default=None, ge=1, description="Maximum generated tokens per response. Default: rollout.maxResponseLen; >= 1."

@@ -9,12 +9,15 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 from rlkube_runtime.data import (
     DatasetError,
     load_prompt_dataset,
     load_prompt_dataset_from_spec,
     register_builtin_dataset,
 )
+from rlkube_runtime.spec.data import DataSpec
+from rlkube_runtime.spec.eval import EvalDatasetSpec
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
@@ -140,13 +143,36 @@ def test_parquet_rows_load_with_message_lists_and_struct_nones_dropped(tmp_path,
 
 
 def test_from_spec_reads_the_data_spec_by_attribute(tmp_path, tokenizer):
-    class Spec:  # the fields of rlkube_runtime.spec.DataSpec
-        prompt_data = str(write_jsonl(tmp_path / "p.jsonl", [{"question": "hi", "answer": "yo"}]))
-        input_key, label_key, metadata_key, tools_key = "question", "answer", "metadata", "tools"
-        apply_chat_template, shuffle, seed = True, True, 1
-
-    [sample] = load_prompt_dataset_from_spec(Spec(), tokenizer=tokenizer)
+    spec = DataSpec.model_validate({
+        "promptData": str(write_jsonl(tmp_path / "p.jsonl", [{"question": "hi", "answer": "yo"}])),
+        "inputKey": "question", "labelKey": "answer", "applyChatTemplate": True,
+    })
+    [sample] = load_prompt_dataset_from_spec(spec, tokenizer=tokenizer)
     assert (sample.prompt, sample.label) == ("<user>hi</user><assistant>", "yo")
+
+
+# Qwen3's switch, as its template reads it: an empty think block when thinking is off.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}<assistant>"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}"
+)
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [({}, "<user>hi</user><assistant>"),
+                                                 ({"enable_thinking": False}, "<user>hi</user><assistant><think></think>")])
+def test_chat_template_kwargs_reach_the_template_for_the_prompts_and_the_eval_sets(tmp_path, kwargs, expected):
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")), unk_token="<unk>")
+    tok.chat_template = THINKING_TEMPLATE
+    path = str(write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hi", "label": "yo"}]))
+    spec = DataSpec.model_validate({"promptData": path, "applyChatTemplate": True, "chatTemplateKwargs": kwargs})
+    eval_spec = EvalDatasetSpec.model_validate({"name": "held-out", "path": path}).data_spec(spec)
+    assert [s.prompt for s in load_prompt_dataset_from_spec(spec, tokenizer=tok)] == [expected]
+    assert [s.prompt for s in load_prompt_dataset_from_spec(eval_spec, tokenizer=tok)] == [expected]
+
+
+def test_chat_template_kwargs_without_the_template_are_refused_naming_the_field():
+    with pytest.raises(ValidationError, match="chatTemplateKwargs: chatTemplateKwargs go to the tokenizer's chat template"):
+        DataSpec.model_validate({"promptData": "builtin:digit-successor", "chatTemplateKwargs": {"enable_thinking": False}})
 
 
 # --- built-in tasks --------------------------------------------------------------------------
@@ -225,6 +251,29 @@ def test_unsupported_suffix_is_an_error_listing_the_formats(tmp_path):
     (tmp_path / "p.csv").write_text("prompt,label\n")
     with pytest.raises(DatasetError, match=r"unsupported format '\.csv'; use \.jsonl, \.json or \.parquet"):
         load_prompt_dataset(tmp_path / "p.csv")
+
+
+@pytest.mark.parametrize("name", ["p.jsonl", "p.json", "p.parquet", "p.JSONL", "p.Json", "p.csv", "p.json.gz", "p"])
+def test_the_spec_accepts_a_prompt_file_exactly_where_the_loader_reads_it(tmp_path, name):
+    """One list of formats: a path `rlkube validate` accepts loads, one it refuses does not."""
+    records = [{"prompt": "1+1?", "label": "2"}]
+    path = tmp_path / name
+    if name.endswith(".parquet"):
+        pq.write_table(pa.Table.from_pylist(records), path)
+    else:
+        write_jsonl(path, records)
+    try:
+        DataSpec.model_validate({"promptData": str(path)})
+        spec_accepts = True
+    except ValidationError as err:
+        assert "must be a .jsonl, .json or .parquet file path" in str(err)
+        spec_accepts = False
+    try:
+        loader_reads = [s.prompt for s in load_prompt_dataset(path)] == ["1+1?"]
+    except DatasetError as err:
+        assert "unsupported format" in str(err)
+        loader_reads = False
+    assert spec_accepts == loader_reads == (name in ("p.jsonl", "p.json", "p.parquet"))
 
 
 def test_empty_prompt_set_is_an_error(tmp_path):

@@ -210,6 +210,11 @@ PATTERN_CASES = [
     ("resources.sharedMemorySize", "0.0Gi", False),
     ("resources.sharedMemorySize", "16GB", False),
     ("resources.sharedMemorySize", "-1Gi", False),
+    ("data.promptData", "/data/prompts.json", True),
+    ("data.promptData", "/data/prompts.jsonl", True),
+    ("data.promptData", "/data/prompts.parquet", True),
+    ("data.promptData", "/data/prompts.JSONL", False),
+    ("data.promptData", "/data/prompts.json.gz", False),
 ]
 
 
@@ -317,6 +322,7 @@ CROSS_FIELD_CASES = [
     ({"algorithm": {"tis": {"clip": 1.5, "clipLow": 2.0}}}, "spec.algorithm.tis.clipLow", False),
     ({"rollout": {"batchSize": 16, "overSamplingBatchSize": 16}}, "spec.rollout.overSamplingBatchSize", True),
     ({"rollout": {"batchSize": 16, "topK": 0}}, "spec.rollout.topK", True),
+    ({"data": {"promptData": "p.json", "chatTemplateKwargs": {"enable_thinking": False}}}, "spec.data.chatTemplateKwargs", True),
     ({"rollout": {"batchSize": 16, "engine": "builtin", "gpusPerEngine": 2}}, "spec.rollout.gpusPerEngine", True),
     ({"reward": {"type": "custom"}}, "spec.reward.customPath", True),
     ({"reward": {"type": "remote"}}, "spec.reward.url", True),
@@ -364,6 +370,7 @@ CROSS_FIELD_CASES = [
 
 # Specs both sides accept: each backend with what it can do.
 ACCEPTED_CASES = [
+    {"data": {"promptData": "p.json", "applyChatTemplate": True, "chatTemplateKwargs": {"enable_thinking": False}}},
     {"parallelism": {"recompute": "full", "microBatchSize": 2, "dynamicBatchSize": False}},
     {"training": {"numRollout": 5, "globalBatchSize": 128, "backend": "torch", "mode": "sync", "asyncBufferSize": 1}},
     {**MEGATRON, "parallelism": {"tensor": 2, "pipeline": 2, "sequenceParallel": True}},
