@@ -8,7 +8,9 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 from local_runs import read_jsonl, start_run, write_local_tiny
+from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.slow]
 
@@ -84,10 +86,11 @@ def test_rollout_only_dumps_every_sample_without_training(tmp_path):
     assert "HF export    none written" in output
 
 
-def test_a_normal_run_dumps_a_bounded_sample_of_whole_groups_and_ends_with_its_summary(tmp_path):
+def test_a_normal_run_dumps_a_bounded_sample_of_whole_groups_exports_at_its_interval_and_ends_with_its_summary(tmp_path):
     job = write_local_tiny(
         tmp_path, "summary",
-        **{"spec.training.numRollout": 4, "spec.checkpoint.interval": 2, "spec.observability.rolloutDumpSamples": 20},
+        **{"spec.training.numRollout": 4, "spec.checkpoint.interval": 2, "spec.checkpoint.hfExportInterval": 2,
+           "spec.observability.rolloutDumpSamples": 20},
     )
     out = tmp_path / "out"
     output = _run(job, out)
@@ -105,6 +108,15 @@ def test_a_normal_run_dumps_a_bounded_sample_of_whole_groups_and_ends_with_its_s
     assert block[3].startswith("median time  generate ") and f"whole step {median_step:.2f}s" in block[3]
     assert block[4] == f"checkpoint   {out / 'checkpoints' / 'rollout_00000003'} (rollout 4)"
     assert block[5] == f"HF export    {out / 'hf'}" and (out / "hf" / "config.json").exists()
+    # checkpoint.hfExportInterval 2: the weights after rollouts 2 and 4, the latter the final export's.
+    exports = out / "hf_exports"
+    assert sorted(p.name for p in exports.iterdir()) == ["rollout_2", "rollout_4"]
+    weights = {name: load_file(path / "model.safetensors") for name, path in
+               (("2", exports / "rollout_2"), ("4", exports / "rollout_4"), ("final", out / "hf"))}
+    assert weights["4"].keys() == weights["final"].keys()
+    assert all(torch.equal(weights["4"][k], weights["final"][k]) for k in weights["final"])
+    assert not all(torch.equal(weights["2"][k], weights["4"][k]) for k in weights["final"])
+    assert [k for k in range(4) if "perf/hf_export_time" in records[k]] == [1, 3]
     assert block[6] == (f"next         all 4 rollouts done; with a larger training.numRollout `rlkube run {job} --output-dir "
                         f"{out}` continues from the last checkpoint (--no-resume starts over)")
 

@@ -8,6 +8,8 @@ advantages, then `numStepsPerRollout` optimizer steps of `globalBatchSize` sampl
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -180,6 +182,21 @@ class TrainerWorker:
     def save_hf(self, directory: str) -> str:
         """The current weights as an HF directory (after `stage_weights`; on one rank)."""
         return str(self.backend.save_hf(directory))
+
+    def export_hf(self, directory: str) -> str:
+        """`save_hf` written beside `directory` and renamed to it when complete, so a crash or a
+        full disk mid-export leaves no half-written export under the name users load."""
+        from rlkube_runtime.trainer.checkpoint import publish_directory, temporary_sibling
+
+        final = Path(directory)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_sibling(final)
+        try:
+            self.backend.save_hf(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return str(publish_directory(tmp, final))
 
     def release(self, keep_weights: bool = False) -> None:
         self.backend.release(keep_weights=keep_weights)

@@ -117,12 +117,13 @@ class TrainerGroup:
         return ray.get(self.handles[0].last_advantages.remote(count))
 
     def export_hf(self, directory: Path) -> str:
-        """The trained weights as a Hugging Face directory, gathered on rank 0 and written there."""
+        """The trained weights as a Hugging Face directory, gathered on rank 0 and written there
+        under a temporary name, renamed to `directory` once complete."""
         import ray
 
         if self._gathers:
             self._all("stage_weights", per_rank=lambda rank: {"keep": rank == 0})
-        return ray.get(self.handles[0].save_hf.remote(str(directory)))
+        return ray.get(self.handles[0].export_hf.remote(str(directory)))
 
     def _all(self, method: str, *args: Any, per_rank=None, **kwargs: Any) -> list[Any]:
         """`method` on every rank at once (the collective calls need all of them), results in rank order."""

@@ -19,9 +19,10 @@ from rlkube_runtime.run.stop import Preempted, StopRequest, stop_after
 
 def run_job(plan: RunPlan, *, resume: bool = True) -> None:
     """Start, loop, export the trained weights; always end with the summary block."""
-    from rlkube_runtime.trainer.checkpoint import clean_partial_checkpoints
+    from rlkube_runtime.trainer.checkpoint import clean_partial_checkpoints, remove_temporaries
 
     clean_partial_checkpoints(plan.checkpoint_root)  # a save cut short by a crash leaves a .tmp- directory
+    remove_temporaries(plan.hf_exports_dir)  # so does an export
     trackers = open_trackers(plan)  # before Ray: a tracker that cannot start stops the run at once
     cluster = init_ray()
     stop = StopRequest.install()  # after Ray's own set-up, which must not replace it
@@ -65,6 +66,10 @@ def generate_and_train(job: Job, stop: StopRequest, *, resume: bool) -> None:
         job.report.dump(rollout_id, samples, job.trainers)
         if not stop.requested:
             metrics.update(evaluate(job, rollout_id))
+        if plan.trains and plan.hf_export_due(rollout_id):  # before the checkpoint: a crash between redoes both
+            started = time.monotonic()
+            job.trainers.export_hf(plan.hf_exports_dir / f"rollout_{rollout_id + 1}")
+            metrics["perf/hf_export_time"] = time.monotonic() - started
         if plan.trains and (stop.requested or plan.save_due(rollout_id)):
             saved = checkpoints.save(job, rollout_id)
         if pending is None and rollout_id + 1 < num_rollout:

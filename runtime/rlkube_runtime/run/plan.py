@@ -75,6 +75,16 @@ class RunPlan:
         interval, num_rollout = self.spec.checkpoint.interval, self.spec.training.num_rollout
         return bool(interval and (rollout_id + 1) % interval == 0) or rollout_id + 1 == num_rollout
 
+    def hf_export_due(self, rollout_id: int) -> bool:
+        """Whether the weights trained through `rollout_id` are exported (checkpoint.hfExportInterval)."""
+        interval = self.spec.checkpoint.hf_export_interval
+        return bool(interval) and (rollout_id + 1) % interval == 0
+
+    @property
+    def hf_exports_dir(self) -> Path:
+        """Where the periodic HF exports go, one `rollout_<k>` directory each."""
+        return self.output_dir / "hf_exports"
+
     def eval_due(self, rollout_id: int) -> bool:
         """Whether the eval datasets run after `rollout_id` (-1: before the first rollout)."""
         every = self.eval_interval

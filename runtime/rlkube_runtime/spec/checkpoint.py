@@ -22,3 +22,10 @@ class CheckpointSpec(SpecModel):
     keep: Optional[int] = Field(
         default=None, ge=1, description="Most recent checkpoints kept; older ones are deleted. Default: unset (keep all); >= 1."
     )
+    hf_export_interval: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Rollouts between Hugging Face exports of the trained weights (slime's --save-hf at an "
+        "interval), each written atomically to <output>/hf_exports/rollout_<k>, k the rollouts trained so far, "
+        "and kept. The final export to <output>/hf is written either way. Default: unset (the final one only); >= 1.",
+    )

@@ -203,22 +203,40 @@ def _write_checkpoint(root: Path, name: str, tmp: Path, rollout_id: int, payload
         "payload": files,
         "files": {fn: {"bytes": (tmp / fn).stat().st_size, "sha256": _sha256(tmp / fn)} for fn in _all_files(tmp)},
     }
-    for sub in sorted({p.parent for p in tmp.rglob("*") if p.is_file()} - {tmp}):
-        _fsync_dir(sub)
-    _fsync_dir(tmp)
-
-    final = root / name
-    if final.exists():
-        # Re-saving a rollout (a resumed run redoing it): move the old one aside first, since a
-        # rename cannot replace a non-empty directory.
-        aside = root / f"{TMP_PREFIX}replaced-{name}-{secrets.token_hex(4)}"
-        os.rename(final, aside)
-        shutil.rmtree(aside, ignore_errors=True)
-    os.rename(tmp, final)
-    _fsync_dir(root)
+    final = publish_directory(tmp, root / name)
     _write_atomic(final / MARKER, json.dumps(manifest, indent=1, sort_keys=True).encode())
     _write_atomic(root / LATEST, f"{rollout_id}\n".encode())
     return final
+
+
+def publish_directory(tmp: Path, final: Path) -> Path:
+    """Give the fully written directory `tmp` the name `final` (same parent) in one rename, after
+    fsyncing it, so that `final` is never half written; one already there (a redone rollout's)
+    is moved aside and deleted first, since a rename cannot replace a non-empty directory."""
+    for sub in sorted({p.parent for p in tmp.rglob("*") if p.is_file()} - {tmp}):
+        _fsync_dir(sub)
+    _fsync_dir(tmp)
+    if final.exists():
+        aside = final.parent / f"{TMP_PREFIX}replaced-{final.name}-{secrets.token_hex(4)}"
+        os.rename(final, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def temporary_sibling(final: Path) -> Path:
+    """A fresh `.tmp-` name beside `final` to write into before `publish_directory`."""
+    return final.parent / f"{TMP_PREFIX}{final.name}-{secrets.token_hex(4)}"
+
+
+def remove_temporaries(root: str | os.PathLike) -> list[Path]:
+    """Delete the `.tmp-` entries under `root` that writes cut short by a crash left."""
+    root = Path(root)
+    doomed = [p for p in root.iterdir() if p.name.startswith(TMP_PREFIX)] if root.is_dir() else []
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return doomed
 
 
 def _save_failure(root: Path, rollout_id: int, err: BaseException) -> str:
@@ -348,13 +366,11 @@ def clean_partial_checkpoints(root: str | os.PathLike) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    doomed = [p for p in root.iterdir() if p.name.startswith(TMP_PREFIX)]
-    doomed += [p for _, p in _rollout_dirs(root) if not (p / MARKER).is_file()]
+    unmarked = [p for _, p in _rollout_dirs(root) if not (p / MARKER).is_file()]
+    for path in unmarked:
+        shutil.rmtree(path, ignore_errors=True)
+    doomed = remove_temporaries(root) + unmarked
     for path in doomed:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
         log.info("removed partial checkpoint %s", path)
     return doomed
 

@@ -14,8 +14,11 @@ from rlkube_runtime.trainer.checkpoint import (
     clean_partial_checkpoints,
     list_checkpoints,
     load_latest_checkpoint,
+    publish_directory,
     read_latest,
+    remove_temporaries,
     save_checkpoint,
+    temporary_sibling,
 )
 
 
@@ -141,3 +144,23 @@ def test_a_full_disk_fails_the_save_naming_the_cause_and_keeps_the_older_checkpo
     monkeypatch.setattr(torch, "save", real_save)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "rollout_00000002"]  # the partial save removed
     assert load_latest_checkpoint(tmp_path).rollout_id == 2
+
+
+def test_a_published_directory_replaces_the_old_one_whole_and_leftover_temporaries_are_removed(tmp_path):
+    """The HF exports' write: into a `.tmp-` sibling, then one rename over any older export."""
+    final = tmp_path / "exports" / "rollout_2"
+    final.mkdir(parents=True)
+    (final / "old.safetensors").write_text("old")
+    tmp = temporary_sibling(final)
+    assert tmp.parent == final.parent and tmp.name.startswith(".tmp-rollout_2-")
+    tmp.mkdir()
+    (tmp / "model.safetensors").write_text("new")
+    assert publish_directory(tmp, final) == final
+    assert sorted(p.name for p in final.iterdir()) == ["model.safetensors"] and not tmp.exists()
+    cut_short = temporary_sibling(tmp_path / "exports" / "rollout_4")
+    cut_short.mkdir()
+    (cut_short / "part").write_text("x")
+    assert remove_temporaries(tmp_path / "exports") == [cut_short]
+    assert sorted(p.name for p in (tmp_path / "exports").iterdir()) == ["rollout_2"]
+    assert remove_temporaries(tmp_path / "missing") == []
+
