@@ -31,6 +31,7 @@ from torch.multiprocessing import reductions
 from safetensors.torch import load, load_file, save
 
 from rlkube_runtime.engine.protocol import ProtocolError
+from rlkube_runtime.expert_names import per_expert_views
 from rlkube_runtime.memory import PinnedOffload, unique_named_tensors
 
 ROW_OFFSETS_KEY = "rlkube_row_offsets"
@@ -161,7 +162,9 @@ def copy_into_model(
     the model untouched. Returns how many tensors were copied.
     """
     offsets = row_offsets or {}
+    # A fused MoE experts parameter also answers to its experts' checkpoint names (expert_names.py).
     targets = model.state_dict(keep_vars=True)
+    targets.update(list(per_expert_views((k, v.detach()) for k, v in targets.items())))
     unknown = sorted(set(tensors) - set(targets))
     if unknown:
         sample = ", ".join(sorted(targets)[:4])

@@ -62,8 +62,8 @@ CONTEXT_MESSAGE = (
     "the megatron backend runs the local layer spec on torch SDPA); use 1"
 )
 EXPERT_MESSAGE = (
-    "expert(%d) > 1: expert parallelism is for mixture-of-experts models, which RL jobs do not run yet (the "
-    "megatron backend trains them; the weight sync to the engines does not carry expert weights); use 1"
+    "expert(%d) > 1: expert parallelism is not run by RL jobs yet (the megatron trainer has it, tested on CPU, "
+    "but the run does not place or sync expert-parallel ranks); use 1: Qwen3-MoE models train with every expert on each rank"
 )
 FLOAT16_MESSAGE = (
     "float16 needs loss scaling, which the megatron backend does not do; use bfloat16 (or float32), or the torch "

@@ -4,8 +4,8 @@ cluster, the driver) before anything starts.
 
 The parallel sizes must split the model evenly (tensor: attention and key/value heads, the
 vocabulary and the MLP channels; pipeline: the layers), the megatron backend must know the
-architecture, and a mixture-of-experts model is refused: the megatron backend trains Qwen3-MoE
-(expert parallel too), but no RL job runs one until the weight sync carries expert weights.
+architecture, and a mixture-of-experts model must be one whose experts the weight sync names one
+by one (Qwen3-MoE: `expert_names.py`, the megatron conversion); others are refused by model type.
 Plain dictionaries in, (path relative to spec, message) pairs out, as in backend_rules.py.
 """
 
@@ -18,7 +18,11 @@ from typing import Any, Mapping
 from .backend_rules import chosen_backend
 
 # The HF model types the megatron backend converts (trainer/megatron/model.py builds them).
-MEGATRON_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+MEGATRON_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+# The MoE architectures whose experts both backends train and the weight sync names one by one
+# (expert_names.py): the torch backend through transformers, the megatron backend's conversion.
+MOE_MODEL_TYPES = ("qwen3_moe",)
+
 # config.json keys that give a mixture-of-experts model's expert count (Qwen-MoE, Mixtral, DeepSeek).
 _EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
@@ -44,10 +48,9 @@ def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any]) -> l
 def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What `spec` (an RLJobSpec) asks that the model of `config` (its config.json) cannot do."""
     moe = expert_count_key(config)
-    if moe:
-        return [("model", f"config.json {moe}: {config[moe]}: a mixture-of-experts model, which RL jobs do not "
-                 "run yet (the megatron backend trains Qwen3-MoE; the weight sync to the engines does not carry expert "
-                 "weights)")]
+    if moe and config.get("model_type") not in MOE_MODEL_TYPES:
+        return [("model", f"config.json {moe}: {config[moe]}: a mixture-of-experts model of type "
+                 f"{config.get('model_type')!r}; RL jobs run the MoE types {list(MOE_MODEL_TYPES)}")]
     backend, _ = chosen_backend(spec)
     if backend != "megatron":
         return []

@@ -45,14 +45,16 @@ def build_tiny_checkpoint(
     num_layers: int = 2,
     num_heads: int = 4,
     seed: int = 0,
+    experts: int = 0,
 ) -> pathlib.Path:
     """Write model weights, config, generation config and tokenizer files into `out_dir`.
 
     The same arguments always give the same files. `alphabet` (default: printable ASCII) is the
-    set of characters with their own token; any other character becomes `<unk>`.
+    set of characters with their own token; any other character becomes `<unk>`. `experts` > 0
+    makes it a Qwen3-MoE (that many experts per layer, two routed per token) instead of a Llama.
     """
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     if hidden_size % num_heads != 0:
         raise ValueError(
@@ -67,7 +69,7 @@ def build_tiny_checkpoint(
     _declare_generic_tokenizer_class(out)
     ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in (PAD, BOS, EOS)}
 
-    config = LlamaConfig(
+    shape = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -84,10 +86,17 @@ def build_tiny_checkpoint(
         bos_token_id=ids[BOS],
         eos_token_id=ids[EOS],
     )
+    if experts:
+        config_cls, model_cls = Qwen3MoeConfig, Qwen3MoeForCausalLM
+        shape.update(head_dim=hidden_size // num_heads, num_experts=experts, num_experts_per_tok=2,
+                     moe_intermediate_size=hidden_size, norm_topk_prob=True)
+    else:
+        config_cls, model_cls = LlamaConfig, LlamaForCausalLM
+    config = config_cls(**shape)
     # Initialise under a private generator state so the caller's RNG stream is left untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = model_cls(config)
     model.generation_config = GenerationConfig(
         bos_token_id=ids[BOS], eos_token_id=ids[EOS], pad_token_id=ids[PAD]
     )

@@ -38,6 +38,7 @@ from .backend import (
 from .batch import TrainBatch, loss_counts
 from .config import TrainerConfig
 from .optim import make_adamw_and_schedule, step_if_finite, to_cpu
+from ..expert_names import per_expert_views
 from ..memory import PinnedOffload, unique_named_tensors
 from ..spec.backend_rules import TORCH_SELECTIVE_RECOMPUTE_MESSAGE
 from .packing import pad_rows, partition_for_ranks
@@ -179,8 +180,9 @@ class TorchBackend(TrainerBackend):
     # -- weights out ----------------------------------------------------------------------
 
     def weights_for_push(self):
-        """The live parameters and buffers (every rank holds the whole model), tied tensors once."""
-        return iter(unique_named_tensors(self.model))
+        """The live parameters and buffers (every rank holds the whole model), tied tensors once,
+        fused MoE experts under their per-expert checkpoint names (the names engines load)."""
+        return per_expert_views(unique_named_tensors(self.model))
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """Every state-dict entry, tied tensors under each of their names."""

@@ -82,19 +82,21 @@ def test_split_violations_name_what_the_size_does_not_divide():
     ]
 
 
-def test_model_fit_refuses_mixture_of_experts_and_unknown_architectures(good_doc):
+def test_model_fit_takes_qwen3_moe_and_refuses_other_mixtures_of_experts_and_unknown_architectures(good_doc):
     torch_spec = parse_rljob(good_doc).spec
     assert expert_count_key(QWEN3_SMALL) is None
     assert expert_count_key({**QWEN3_SMALL, "num_experts": 1}) is None
     moe = {**QWEN3_SMALL, "model_type": "qwen3_moe", "num_experts": 128}
-    assert model_fit_violations(torch_spec, moe) == [(
-        "model", "config.json num_experts: 128: a mixture-of-experts model, which RL jobs do not run yet "
-        "(the megatron backend trains Qwen3-MoE; the weight sync to the engines does not carry expert weights)")]
+    assert model_fit_violations(torch_spec, moe) == []
+    assert model_fit_violations(_spec(good_doc, parallelism={"tensor": 2}), moe) == []
+    assert model_fit_violations(torch_spec, {**moe, "model_type": "mixtral", "num_local_experts": 8}) == [(
+        "model", "config.json num_experts: 128: a mixture-of-experts model of type 'mixtral'; RL jobs run the MoE "
+        "types ['qwen3_moe']")]
     assert model_fit_violations(torch_spec, {**QWEN3_SMALL, "model_type": "gpt2"}) == []  # torch trains any causal LM
     tp2 = _spec(good_doc, parallelism={"tensor": 2})
     assert model_fit_violations(tp2, QWEN3_SMALL) == []
     assert model_fit_violations(tp2, {**QWEN3_SMALL, "model_type": "gpt2"}) == [(
-        "training.backend", "megatron converts HF model types ['llama', 'qwen2', 'qwen3']; the checkpoint's "
+        "training.backend", "megatron converts HF model types ['llama', 'qwen2', 'qwen3', 'qwen3_moe']; the checkpoint's "
         "config.json has model_type 'gpt2'")]
 
 

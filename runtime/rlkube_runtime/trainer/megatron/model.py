@@ -5,8 +5,8 @@ Supported families: Llama, Qwen2 (biased q/k/v projections), Qwen3 (q/k RMSNorm)
 (Qwen3's attention, every layer's MLP a routed mixture of SwiGLU experts). All are pre-norm
 RMSNorm decoders with rotary embeddings, so one layer spec covers them (with megatron-core's MoE
 layer in place of the MLP for Qwen3-MoE); `hf_architecture` refuses anything else naming the
-field that differs. The spec still refuses mixture-of-experts jobs (spec/model_fit.py) until the
-weight sync carries expert weights to the engines.
+field that differs. RL jobs run Qwen3-MoE at expert parallel size 1; the spec refuses larger sizes
+until the run places and syncs expert-parallel ranks.
 """
 
 from __future__ import annotations
