@@ -40,9 +40,11 @@ class RunSummary:
                 self.phase_seconds.setdefault(key, []).append(float(value))
 
     def render(
-        self, *, finished: bool, checkpoint: str | None, hf_export: str | None, next_steps: list[tuple[str, str]]
+        self, *, finished: bool, checkpoint: str | None, hf_export: str | None, next_steps: list[tuple[str, str]],
+        done_before: int = 0,
     ) -> str:
-        """The block, one fact a line; `next_steps` are (label, text) lines saying how to go on."""
+        """The block, one fact a line; `next_steps` are (label, text) lines saying how to go on;
+        `done_before` counts the rollouts an earlier start had saved (what a resume began from)."""
         lines = [f"== rlkube run {self.job_name}: {'done' if finished else 'stopped'} =="]
         if self.rollouts:
             last = max(self.rollouts)
@@ -51,7 +53,7 @@ class RunSummary:
                 f"{last + 1} of {self.num_rollout} in all"
             )
         else:
-            lines.append(f"rollouts     none this start ({self.num_rollout} already done)")
+            lines.append(f"rollouts     none this start ({done_before} of {self.num_rollout} done)")
         if self.rewards:
             (first_id, first), (last_id, last_reward) = self.rewards[0], self.rewards[-1]
             lines.append(f"reward       {first:.3f} -> {last_reward:.3f} (rollout {first_id + 1} -> {last_id + 1})")

@@ -78,3 +78,13 @@ def test_the_summary_reports_first_and_last_reward_and_median_phase_times():
         "HF export    none written",
         "resume       `rlkube run job.yaml` continues from rollout 8",
     ]
+
+
+def test_a_start_that_logged_no_rollout_says_how_many_an_earlier_start_had_done():
+    fresh = RunSummary("demo", num_rollout=10).render(
+        finished=False, checkpoint=None, hf_export=None, next_steps=[])
+    assert fresh.splitlines()[1] == "rollouts     none this start (0 of 10 done)"
+    resumed = RunSummary("demo", num_rollout=10).render(
+        finished=False, checkpoint="/out/checkpoints/rollout_00000003 (rollout 4)", hf_export=None, next_steps=[],
+        done_before=4)
+    assert resumed.splitlines()[1] == "rollouts     none this start (4 of 10 done)"

@@ -143,7 +143,9 @@ class Report:
             next_steps = [("resume", f"`{command}` continues from rollout {last_saved + 2}")]
         else:
             next_steps = [("resume", f"no checkpoint yet: `{command}` starts from rollout 1")]
-        return self.summary.render(finished=finished, checkpoint=checkpoint, hf_export=hf_export, next_steps=next_steps)
+        done_before = 0 if last_saved is None else last_saved + 1
+        return self.summary.render(finished=finished, checkpoint=checkpoint, hf_export=hf_export,
+                                   next_steps=next_steps, done_before=done_before)
 
 
 def write_failure(output_dir: Path, err: BaseException) -> str:
