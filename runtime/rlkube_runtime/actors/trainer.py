@@ -106,6 +106,9 @@ class TrainerWorker:
         steps = [self.backend.train_step(step) for step in batch.global_batches(self.spec.global_batch_size)]
         metrics = {f"train/{key}": sum(s[key] for s in steps) / len(steps) for key in steps[0]}
         metrics["train/num_steps"] = float(len(steps))
+        every = self.spec.training.ref_update_interval
+        if every is not None and (rollout_id + 1) % every == 0:  # in the state the next checkpoint saves
+            self.backend.refresh_reference()
         if batch.rollout_log_probs is not None:
             metrics["train/train_rollout_logprob_abs_diff"] = logprob_abs_diff(
                 batch.old_log_probs, batch.rollout_log_probs, batch.loss_masks

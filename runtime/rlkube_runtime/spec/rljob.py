@@ -9,7 +9,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from .algorithm import AlgorithmSpec
+from .algorithm import KL_REWARD_ESTIMATORS, AlgorithmSpec
 from .backend_rules import BACKEND_RULES, backend_violations
 from .base import API_VERSION, KIND, SpecModel, cel_rules, cross_field_error, immutable, immutable_field, section
 from .checkpoint import CheckpointSpec
@@ -65,6 +65,18 @@ ENGINE_GPUS_RULE = {
     + "'.format([self.resources.rollout.gpus, self.rollout.gpusPerEngine])",
     "fieldPath": ".resources.rollout.gpus",
 }
+_REF_UPDATE_NEEDS_KL = (
+    "training.refUpdateInterval(%d) refreshes the reference model, which only a KL term uses; set "
+    "algorithm.useKlLoss (or klCoef with reinforce_plus_plus, reinforce_plus_plus_baseline or ppo), or remove "
+    "refUpdateInterval"
+)
+_KL_IN_REWARDS = " || ".join(f"self.algorithm.advantageEstimator == '{e}'" for e in KL_REWARD_ESTIMATORS)
+REF_UPDATE_RULE = {
+    "rule": "!has(self.training.refUpdateInterval) || (has(self.algorithm) && (self.algorithm.useKlLoss || "
+    f"(self.algorithm.klCoef != 0.0 && ({_KL_IN_REWARDS}))))",
+    "messageExpression": f"'{_REF_UPDATE_NEEDS_KL}'.format([self.training.refUpdateInterval])",
+    "fieldPath": ".training.refUpdateInterval",
+}
 ASYNC_PLACEMENT_RULE = {
     "rule": "self.training.mode != 'async' || !has(self.resources) || self.resources.placement != 'colocated'",
     "message": _ASYNC_COLOCATED,
@@ -79,7 +91,8 @@ class RLJobSpec(SpecModel):
     on in training.numStepsPerRollout optimizer steps of training.globalBatchSize samples each.
     """
 
-    model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE, *BACKEND_RULES)
+    model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE,
+                             REF_UPDATE_RULE, *BACKEND_RULES)
 
     model: ModelSpec = Field(
         description="Policy model: starting weights, checkpoint directories, precision. Required; fixed after creation.",
@@ -148,6 +161,9 @@ class RLJobSpec(SpecModel):
         whole_engines = self.rollout.engine == "builtin" if gpus == 0 else gpus >= per_engine and not gpus % per_engine
         if self.resources.placement == "separate" and not whole_engines:
             violations.append(("resources.rollout.gpus", _ENGINE_GPUS.format(gpus=gpus, per_engine=per_engine)))
+        every = self.training.ref_update_interval
+        if every is not None and not self.algorithm.needs_reference_model:
+            violations.append(("training.refUpdateInterval", _REF_UPDATE_NEEDS_KL % every))
         violations += backend_violations(self)
         if violations:
             raise cross_field_error(violations)

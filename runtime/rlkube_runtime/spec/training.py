@@ -89,6 +89,15 @@ class TrainingSpec(SpecModel):
         description="Rollouts async mode generates ahead of training. Only 1 is implemented (rollout k+1 generates "
         "while rollout k trains); other values are refused. Default 1.",
     )
+    ref_update_interval: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Rollouts between refreshes of the reference model: after training every N-th rollout the "
+        "reference takes the policy's weights, so the KL term measures the drift since the last refresh (slime's "
+        "--ref-update-interval). Needs a KL term (algorithm.useKlLoss, or klCoef with an estimator that folds it "
+        "into the rewards). Checkpoints then hold the reference's weights too (twice the model), so a resume "
+        "measures KL against the same reference. Default: unset (the reference stays the initial model); >= 1.",
+    )
     update_weights_interval: int = Field(
         default=1, ge=1, description="Rollouts between weight syncs to the engines. Default 1, >= 1."
     )

@@ -9,6 +9,7 @@ The trainer actor (actors/trainer.py) calls these and nothing else:
     backend.weights_for_push() -> (HF name, tensor)...   # on a pushing rank: what the weight sync sends
     backend.save_hf(dir)                                 # on one rank, after gather_for_push
     backend.release(keep_weights=...) / backend.restore()  # colocated: give device memory back, take it again
+    backend.refresh_reference()                          # the reference takes the actor's weights
 
 Every data-parallel rank holds one backend; a collective call is made on all ranks with the same
 arguments (each computes its own share). `train_step` is a template method: the backend
@@ -214,6 +215,32 @@ class TrainerBackend(abc.ABC):
     @abc.abstractmethod
     def restore(self) -> None:
         """Undo `release`; training continues exactly where it was."""
+
+    # -- the reference model (training.refUpdateInterval) ---------------------------------
+
+    # Whether the reference holds the actor's weights of a refresh rather than its initial ones:
+    # a checkpoint then carries the reference's weights too, so a resume compares with the same one.
+    ref_refreshed: bool = False
+
+    def refresh_reference(self) -> None:
+        """The reference model takes the actor's current weights (slime's ref update). Each rank
+        copies its own shard, so it is collective only in that every rank calls it."""
+        actor, ref = self.actor_and_reference()
+        if ref is None:
+            raise ValueError("training.refUpdateInterval needs a reference model; it is loaded when a KL term is on")
+        actor_params, ref_params = dict(actor.named_parameters()), dict(ref.named_parameters())
+        if actor_params.keys() != ref_params.keys():
+            raise ValueError(f"the reference model's parameters are not the actor's: "
+                             f"{sorted(actor_params.keys() ^ ref_params.keys())[:5]}")
+        with torch.no_grad():
+            for name, param in actor_params.items():
+                ref_params[name].copy_(param)
+        self.ref_refreshed = True
+
+    @abc.abstractmethod
+    def actor_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """This rank's actor model and reference model (None without a KL term), unwrapped,
+        built alike so that their parameters pair by name."""
 
     # -- what both backends' halves share --------------------------------------------------
 

@@ -211,6 +211,9 @@ class TorchBackend(TrainerBackend):
         tokenizer.save_pretrained(directory)
         return directory
 
+    def actor_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        return self.model, self.ref_model
+
     # -- checkpoints ----------------------------------------------------------------------
 
     # In a checkpoint directory: `state_dict()` in STATE_FILE, written by rank 0 (the state is the
@@ -245,12 +248,15 @@ class TorchBackend(TrainerBackend):
         rank. The RNG state is this rank's; `save` writes every rank's streams beside it so each
         rank resumes with its own.
         """
-        return {
-            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+        state = {
+            "model": _cpu_copy(self.model),
             "optimizer": to_cpu(self.optimizer.state_dict()),
             "scheduler": self.schedule.state_dict(),
             "rng": capture_rng_state(),
         }
+        if self.ref_refreshed:  # the initial reference comes from the model directory; a refreshed one from here
+            state["ref_model"] = _cpu_copy(self.ref_model)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = {"model", "optimizer", "scheduler", "rng"} - set(state)
@@ -260,6 +266,9 @@ class TorchBackend(TrainerBackend):
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         restore_rng_state(state["rng"])
+        if "ref_model" in state and self.ref_model is not None:
+            self.ref_model.load_state_dict(state["ref_model"], strict=True)
+            self.ref_refreshed = True
 
     # -- colocated placement --------------------------------------------------------------
 
@@ -346,6 +355,10 @@ class TorchBackend(TrainerBackend):
             self._offload.move_module(self.ref_model, "ref", device)
         # The optimizer's parameters are the actor's weights: they move with the actor.
         self._offload.move_optimizer(self.optimizer, "optimizer", device)
+
+
+def _cpu_copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
 class ResponseLogits(torch.nn.Module):

@@ -19,7 +19,13 @@ from rlkube_runtime.spec import RLJobSpec, RLJobStatus
 from rlkube_runtime.spec.crd import CRD_FILE, REGENERATE_COMMAND, crd_manifest, render_crd_yaml
 from rlkube_runtime.spec.load import SpecError, _unwrap, load_rljobs, parse_rljob
 from rlkube_runtime.spec.backend_rules import BACKEND_RULES
-from rlkube_runtime.spec.rljob import ASYNC_PLACEMENT_RULE, BATCH_DIVISIBLE_RULE, BATCH_EQUATION_RULE, ENGINE_GPUS_RULE
+from rlkube_runtime.spec.rljob import (
+    ASYNC_PLACEMENT_RULE,
+    BATCH_DIVISIBLE_RULE,
+    BATCH_EQUATION_RULE,
+    ENGINE_GPUS_RULE,
+    REF_UPDATE_RULE,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -108,7 +114,8 @@ def _rules_at(dotted: str) -> list[dict[str, str]]:
 
 def test_crd_carries_every_cross_field_rule():
     assert _rules_at("spec") == [
-        BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE, *BACKEND_RULES
+        BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE, REF_UPDATE_RULE,
+        *BACKEND_RULES,
     ]
     assert BATCH_EQUATION_RULE["rule"].startswith("!has(self.training.globalBatchSize) || ")
     assert "messageExpression" in BATCH_EQUATION_RULE
@@ -324,6 +331,9 @@ CROSS_FIELD_CASES = [
     ({"rollout": {"batchSize": 16, "topK": 0}}, "spec.rollout.topK", True),
     ({"data": {"promptData": "p.json", "chatTemplateKwargs": {"enable_thinking": False}}}, "spec.data.chatTemplateKwargs", True),
     ({"rollout": {"batchSize": 16, "engine": "builtin", "gpusPerEngine": 2}}, "spec.rollout.gpusPerEngine", True),
+    ({"training": {"numRollout": 5, "refUpdateInterval": 2}}, "spec.training.refUpdateInterval", True),
+    ({"training": {"numRollout": 5, "refUpdateInterval": 2}, "algorithm": {"advantageEstimator": "grpo", "klCoef": 0.0}},
+     "spec.training.refUpdateInterval", True),
     ({"reward": {"type": "custom"}}, "spec.reward.customPath", True),
     ({"reward": {"type": "remote"}}, "spec.reward.url", True),
     ({"model": {"dtype": "float32"}}, "spec.model", True),
@@ -370,6 +380,9 @@ CROSS_FIELD_CASES = [
 
 # Specs both sides accept: each backend with what it can do.
 ACCEPTED_CASES = [
+    {"training": {"numRollout": 5, "refUpdateInterval": 2}, "algorithm": {"useKlLoss": True, "klLossCoef": 0.01}},
+    {"training": {"numRollout": 5, "refUpdateInterval": 1},
+     "algorithm": {"advantageEstimator": "reinforce_plus_plus", "klCoef": 0.05}},
     {"data": {"promptData": "p.json", "applyChatTemplate": True, "chatTemplateKwargs": {"enable_thinking": False}}},
     {"parallelism": {"recompute": "full", "microBatchSize": 2, "dynamicBatchSize": False}},
     {"training": {"numRollout": 5, "globalBatchSize": 128, "backend": "torch", "mode": "sync", "asyncBufferSize": 1}},

@@ -41,3 +41,24 @@ def test_kl_coef_alone_loads_the_reference_and_shapes_the_update(tiny_checkpoint
     # Step 2: the policy has moved; the per-token KL now lowers the rewards of the KL run.
     second = [w.train(1, samples) for w in (with_kl, without)]
     assert second[0]["train/pg_loss"] != second[1]["train/pg_loss"]
+
+
+def test_the_reference_takes_the_policy_weights_after_every_n_th_rollout(tiny_checkpoint):
+    """training.refUpdateInterval 2: the reference is the initial model through rollout 1 and the
+    policy of rollout 2 (index 1) after it."""
+    spec = yaml.safe_load(LOCAL_TINY.read_text())["spec"]
+    spec["algorithm"] = {"useKlLoss": True, "klLossCoef": 0.1}
+    spec["rollout"].update(batchSize=2, nSamplesPerPrompt=2)
+    spec["training"].update(globalBatchSize=4, refUpdateInterval=2)
+    worker = TrainerWorker(spec, hf_checkpoint=str(tiny_checkpoint))
+    initial = {k: v.clone() for k, v in worker.backend.ref_model.state_dict().items()}
+    samples = _samples()
+    worker.train(0, samples)
+    assert all(torch.equal(v, initial[k]) for k, v in worker.backend.ref_model.state_dict().items())
+    worker.train(1, samples)
+    assert worker.backend.ref_refreshed
+    policy, ref = worker.backend.model.state_dict(), worker.backend.ref_model.state_dict()
+    assert all(torch.equal(v, policy[k]) for k, v in ref.items())
+    assert any(not torch.equal(v, initial[k]) for k, v in ref.items())
+    # Rollout 3 starts from a reference equal to the policy: its KL loss is zero.
+    assert worker.train(2, samples)["train/kl_loss"] == 0.0

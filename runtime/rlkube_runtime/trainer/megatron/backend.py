@@ -292,7 +292,10 @@ class MegatronBackend(TrainerBackend):
             checkpoint.load_trainer_state(self._train_state(), Path(directory))
 
     def _train_state(self) -> checkpoint.TrainState:
-        return checkpoint.TrainState(self.model, self.optimizer, self.schedule, cpu=self.cpu)
+        return checkpoint.TrainState(self.model, self.optimizer, self.schedule, cpu=self.cpu, backend=self)
+
+    def actor_and_reference(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        return self.model, self.ref_model
 
     @contextlib.contextmanager
     def _resident(self):

@@ -5,7 +5,8 @@ renamed, then the `complete` marker and `latest`):
 
     trainer/                 megatron.core.dist_checkpointing, torch_dist format: the model
                              shards, the optimizer's (distributed on GPU; torch AdamW on CPU,
-                             sharded like the parameters it follows) and the lr schedule
+                             sharded like the parameters it follows), the lr schedule and,
+                             once refreshed (training.refUpdateInterval), the reference model
     trainer/rng/rank_<r>.pt  rank r's random generators (python, numpy, torch, CUDA, and
                              megatron's tensor-parallel RNG tracker)
 
@@ -30,12 +31,14 @@ _DISTRIB_OPTIM = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 class TrainState(NamedTuple):
     """What a checkpoint holds of a megatron trainer rank: its GPTModel stage, its optimizer
-    (megatron's distributed optimizer on GPU, torch AdamW on CPU: `cpu`) and the lr schedule."""
+    (megatron's distributed optimizer on GPU, torch AdamW on CPU: `cpu`) and the lr schedule;
+    and, once `backend.ref_refreshed` (training.refUpdateInterval), its reference model's stage."""
 
     model: torch.nn.Module
     optimizer: Any
     schedule: Any
     cpu: bool
+    backend: Any = None  # its ref_model and ref_refreshed
 
 
 def save_trainer_state(parts: TrainState, directory: Path) -> None:
@@ -45,7 +48,7 @@ def save_trainer_state(parts: TrainState, directory: Path) -> None:
     if dist.get_rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)  # empty: megatron warns about anything already there
     dist.barrier()
-    state = _sharded_state(parts, is_loading=False)
+    state = _sharded_state(parts, is_loading=False, with_ref=_ref_refreshed(parts))
     dist_checkpointing.save(state, str(directory))
     (directory / "rng").mkdir(exist_ok=True)
     with open(directory / "rng" / f"rank_{dist.get_rank()}.pt", "wb") as f:
@@ -61,9 +64,14 @@ def load_trainer_state(parts: TrainState, directory: Path) -> None:
 
     if not (directory / "metadata.json").is_file():
         raise FileNotFoundError(f"{directory} is not a megatron distributed checkpoint (no metadata.json)")
-    state = _sharded_state(parts, is_loading=True)
+    with_ref = parts.backend is not None and parts.backend.ref_model is not None and bool(
+        dist_checkpointing.load_common_state_dict(str(directory)).get(REF_REFRESHED))
+    state = _sharded_state(parts, is_loading=True, with_ref=with_ref)
     loaded = dist_checkpointing.load(state, str(directory))
     load_model_state(parts.model, loaded["model"], directory)
+    if with_ref:
+        load_model_state(parts.backend.ref_model, _unprefixed(loaded[REF_MODEL], REF_MODEL), directory)
+        parts.backend.ref_refreshed = True
     if parts.cpu:
         _load_torch_optimizer(parts, loaded["optimizer"])
     else:
@@ -83,7 +91,20 @@ def load_model_state(model: torch.nn.Module, state: dict, directory: Path) -> No
         raise KeyError(f"{directory} lacks model tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def _sharded_state(parts: TrainState, *, is_loading: bool) -> dict:
+# The refreshed reference's shards are stored under their own key prefix beside the actor's, and
+# the common state says they are there.
+REF_MODEL, REF_REFRESHED = "ref_model", "ref_refreshed"
+
+
+def _ref_refreshed(parts: TrainState) -> bool:
+    return parts.backend is not None and parts.backend.ref_model is not None and parts.backend.ref_refreshed
+
+
+def _unprefixed(state: dict, prefix: str) -> dict:
+    return {key.removeprefix(f"{prefix}."): value for key, value in state.items()}
+
+
+def _sharded_state(parts: TrainState, *, is_loading: bool, with_ref: bool = False) -> dict:
     model_state = parts.model.sharded_state_dict(prefix="")
     if parts.cpu:
         optim_state = _torch_optimizer_sharded(parts, model_state, is_loading=is_loading)
@@ -94,7 +115,11 @@ def _sharded_state(parts: TrainState, *, is_loading: bool) -> dict:
             for inner in getattr(parts.optimizer, "chained_optimizers", [parts.optimizer]):
                 _zero_adam_state(inner.optimizer)
         optim_state = parts.optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=_DISTRIB_OPTIM)
-    return {"model": model_state, "optimizer": optim_state, "scheduler": parts.schedule.state_dict()}
+    state = {"model": model_state, "optimizer": optim_state, "scheduler": parts.schedule.state_dict()}
+    if with_ref:
+        state[REF_MODEL] = parts.backend.ref_model.sharded_state_dict(prefix=f"{REF_MODEL}.")
+        state[REF_REFRESHED] = True
+    return state
 
 
 def _torch_optimizer_sharded(parts: TrainState, model_state: dict, *, is_loading: bool) -> dict:
