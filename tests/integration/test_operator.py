@@ -244,8 +244,12 @@ def test_fields_a_running_job_depends_on_cannot_change_but_others_can(crd_instal
         # Colocated engines run in the trainer's pods: a rollout pod setting would be read by nothing.
         ("coloc-rollout", {"resources": {"rollout": {"nodeSelector": {"pool": "rollout"}}}},
          "spec.resources.rollout.nodeSelector"),
+        ("ref-no-kl", {"training": {"refUpdateInterval": 2}}, "spec.training.refUpdateInterval"),
+        ("kwargs-no-template", {"data": {"chatTemplateKwargs": {"enable_thinking": False}}},
+         "spec.data.chatTemplateKwargs"),
     ],
-    ids=["name-too-long", "gpus-not-whole-engines", "rollout-pods-when-colocated"],
+    ids=["name-too-long", "gpus-not-whole-engines", "rollout-pods-when-colocated", "ref-update-without-kl",
+         "chat-template-kwargs-without-the-template"],
 )
 def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_path, name, spec, field):
     proc = apply_file(operator.cp, tmp_path / "bad.yaml", rljob_yaml(name, **spec), ns)
@@ -276,6 +280,24 @@ def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_p
     assert proc.returncode != 0
     assert field in proc.stderr and message in proc.stderr, proc.stderr
     assert get_or_none(crd_installed, ns, "rljob", name) is None
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"data": {"promptData": "/data/p.json", "applyChatTemplate": True,
+                  "chatTemplateKwargs": {"enable_thinking": False}}},
+        {"training": {"numRollout": 3, "refUpdateInterval": 2}, "algorithm": {"useKlLoss": True, "klLossCoef": 0.01}},
+        {"checkpoint": {"hfExportInterval": 2}},
+    ],
+    ids=["chat-template-kwargs", "ref-update-interval", "hf-export-interval"],
+)
+def test_the_api_server_accepts_the_switches_the_runtime_honours(crd_installed, ns, spec):
+    """Their CEL rules compile in the real API server and pass a spec that uses them (a rule the
+    server cannot compile makes the whole CRD fail to install)."""
+    proc = crd_installed.kubectl("-n", ns, "create", "--dry-run=server", "-f", "-",
+                                 input=rljob_yaml("switches", **spec), check=False)
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 from pydantic import AfterValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -50,8 +50,8 @@ class DataSpec(SpecModel):
     """The prompt dataset and the record keys the rollout reads."""
 
     model_config = cel_rules({
-        "rule": "!has(self.chatTemplateKwargs) || size(self.chatTemplateKwargs) == 0 || "
-                "(has(self.applyChatTemplate) && self.applyChatTemplate)",
+        # The field keeps unknown fields, so CEL sees an object without size(): being set is the test.
+        "rule": "!has(self.chatTemplateKwargs) || (has(self.applyChatTemplate) && self.applyChatTemplate)",
         "message": _KWARGS_NEED_TEMPLATE,
         "fieldPath": ".chatTemplateKwargs",
     })
@@ -66,8 +66,8 @@ class DataSpec(SpecModel):
     metadata_key: str = Field(default="metadata", min_length=1, description="Record key holding per-sample metadata handed to reward and generate functions. Default 'metadata'.")
     tools_key: str = Field(default="tools", min_length=1, description="Record key holding tool definitions for chat templates and multi-turn rollouts. Default 'tools'.")
     apply_chat_template: bool = Field(default=False, description="Render prompts through the tokenizer's chat template before generation. Default false.")
-    chat_template_kwargs: dict[str, Any] = Field(
-        default_factory=dict,
+    chat_template_kwargs: Optional[dict[str, Any]] = Field(
+        default=None,
         description="Extra variables for the chat template, as slime's --apply-chat-template-kwargs "
         "(e.g. {enable_thinking: false} for Qwen3). Needs applyChatTemplate: true. Default: none.",
     )
@@ -76,6 +76,6 @@ class DataSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "DataSpec":
-        if self.chat_template_kwargs and not self.apply_chat_template:
+        if self.chat_template_kwargs is not None and not self.apply_chat_template:
             raise cross_field_error([("chatTemplateKwargs", _KWARGS_NEED_TEMPLATE)])
         return self

@@ -330,6 +330,7 @@ CROSS_FIELD_CASES = [
     ({"rollout": {"batchSize": 16, "overSamplingBatchSize": 16}}, "spec.rollout.overSamplingBatchSize", True),
     ({"rollout": {"batchSize": 16, "topK": 0}}, "spec.rollout.topK", True),
     ({"data": {"promptData": "p.json", "chatTemplateKwargs": {"enable_thinking": False}}}, "spec.data.chatTemplateKwargs", True),
+    ({"data": {"promptData": "p.json", "chatTemplateKwargs": {}}}, "spec.data.chatTemplateKwargs", True),
     ({"rollout": {"batchSize": 16, "engine": "builtin", "gpusPerEngine": 2}}, "spec.rollout.gpusPerEngine", True),
     ({"training": {"numRollout": 5, "refUpdateInterval": 2}}, "spec.training.refUpdateInterval", True),
     ({"training": {"numRollout": 5, "refUpdateInterval": 2}, "algorithm": {"advantageEstimator": "grpo", "klCoef": 0.0}},
