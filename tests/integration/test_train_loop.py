@@ -97,13 +97,14 @@ def test_async_mode_overlaps_generation_with_training_one_version_behind_and_sti
     assert all(versions[k] == [str(k - 1)] for k in range(2, rollouts)), versions
 
 
-@pytest.mark.parametrize("backend", ["torch", "megatron"])
+@pytest.mark.parametrize("backend", ["torch", "auto"])
 def test_a_mixture_of_experts_job_syncs_every_expert_so_the_engine_scores_like_the_trainer(tmp_path, backend):
     """A tiny Qwen3-MoE (8 experts, 2 routed per token) through the whole loop. The engine's
     log-probs of what it generated are the trainer's to float rounding at every rollout after the
     first, so every expert's weights reached the engine after each step; a large learning rate
-    makes any expert left behind show (a sync without the experts' down projections: 0.13)."""
-    if backend == "megatron":
+    makes any expert left behind show (a sync without the experts' down projections: 0.13).
+    `auto` chooses megatron for the model."""
+    if backend == "auto":
         pytest.importorskip("megatron.core", reason="the megatron extra (megatron-core) is not installed")
     from rlkube_runtime.tiny.model import build_tiny_checkpoint
 
@@ -116,6 +117,8 @@ def test_a_mixture_of_experts_job_syncs_every_expert_so_the_engine_scores_like_t
     out = tmp_path / "out"
     returncode, output = _run(job, out)
     assert returncode == 0, output[-4000:]
+    if backend == "auto":
+        assert "rlkube run: megatron trainer backend (the model is a mixture of experts (config.json " in output
     gaps = [r["train/train_rollout_logprob_abs_diff"] for r in _metrics(out)]
     assert len(gaps) == 3 and max(gaps) < 1e-4, gaps
     with open(model / "config.json") as f:

@@ -7,7 +7,6 @@ import os
 import sys
 
 from rlkube_runtime.run.plan import RunError, RunMode, prepare_run
-from rlkube_runtime.spec.backend_rules import chosen_backend
 from rlkube_runtime.spec.contract import PREEMPTED_EXIT_CODE
 from rlkube_runtime.spec.load import SpecError
 
@@ -44,7 +43,7 @@ def run_from_file(
         print(f"rlkube run: {err}", file=sys.stderr)
         report_invalid_spec(err)
         return 2
-    backend, why = chosen_backend(plan.spec)
+    backend, why = plan.backend
     print(f"rlkube run: {backend} trainer backend ({why})", file=sys.stderr)
     from rlkube_runtime.run.loop import run_job
     from rlkube_runtime.run.stop import Preempted

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlkube_runtime.spec import RLJob
+from rlkube_runtime.spec.backend_rules import chosen_backend, with_backend
 from rlkube_runtime.spec.load import load_rljobs
 
 RunMode = Literal["train", "rollout-only", "train-only"]
@@ -36,6 +37,7 @@ class RunPlan:
     rollout_dump: str = "sample"  # spec.observability.rolloutDump, or "all" when asked for
     load_rollouts: Path | None = None  # train-only: the dumps to train on
     train_rollout_ids: tuple[int, ...] = ()  # train-only: the dumped rollouts, in order
+    backend: tuple[str, str] = ("torch", "")  # the trainer backend and why (spec/backend_rules.py chosen_backend)
 
     @property
     def spec(self):
@@ -111,10 +113,6 @@ def prepare_run(
     from rlkube_runtime.tracking import TrackingError, check_trackers_available
 
     try:
-        check_trainer_supports(spec)
-    except ValueError as err:
-        raise InvalidSpec(str(err)) from None
-    try:
         check_trackers_available(spec.observability)
     except TrackingError as err:
         raise RunError(str(err)) from None
@@ -124,7 +122,15 @@ def prepare_run(
     out = Path(output_dir or spec.model.save or Path("runs") / job.metadata.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     model_path = _initial_model(job, out)
-    _check_model_fit(spec, model_path)
+    model_config = _check_model_fit(spec, model_path)
+    backend, backend_reason = chosen_backend(spec, model_config)
+    if spec.training.backend != backend:  # auto, chosen by the model: the trainer ranks get it explicitly
+        job = job.model_copy(update={"spec": with_backend(spec, backend)})
+        spec = job.spec
+    try:
+        check_trainer_supports(spec)
+    except ValueError as err:
+        raise InvalidSpec(str(err)) from None
     if mode != "train-only":
         _check_data(job, model_path)
     checkpoint_root = out / "checkpoints"
@@ -132,7 +138,8 @@ def prepare_run(
     # A rollout-only run exists to produce dumps a train-only run can use: every sample.
     dump = "all" if dump_all_rollouts or mode == "rollout-only" else spec.observability.rollout_dump
     return RunPlan(job, out, checkpoint_root, resume_roots, model_path, spec_path=path, mode=mode, rollout_dump=dump,
-                   load_rollouts=Path(load_rollouts).resolve() if load_rollouts else None, train_rollout_ids=train_ids)
+                   load_rollouts=Path(load_rollouts).resolve() if load_rollouts else None, train_rollout_ids=train_ids,
+                   backend=(backend, backend_reason))
 
 
 def _check_dumps(directory: Path, spec) -> tuple[int, ...]:
@@ -172,14 +179,15 @@ def _initial_model(job: RLJob, out: Path) -> str:
     raise InvalidSpec("spec.model: set hfCheckpoint (or preset: tiny); `load` alone has no architecture to start from")
 
 
-def _check_model_fit(spec, model_path: str) -> None:
-    """The parallel sizes against the model's own shape, when its config.json is at hand."""
+def _check_model_fit(spec, model_path: str) -> dict | None:
+    """The parallel sizes against the model's own shape, when its config.json is at hand (returned)."""
     from rlkube_runtime.spec.model_fit import model_fit_violations, read_model_config
 
     config = read_model_config(model_path)
     violations = model_fit_violations(spec, config) if config is not None else []
     if violations:
         raise InvalidSpec("; ".join(f"spec.{path}: {message}" for path, message in violations))
+    return config
 
 
 def _check_data(job: RLJob, model_path: str) -> None:

@@ -22,7 +22,7 @@ float16; the operator, which validates with these models, fails it at once with 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from .megatron_args import megatron_args_violations
 
@@ -138,10 +138,11 @@ BACKEND_RULES: tuple[dict[str, str], ...] = (
 )
 
 
-def chosen_backend(spec: Any) -> tuple[str, str]:
+def chosen_backend(spec: Any, model_config: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """(backend, why): spec.training.backend, or for `auto` megatron when anything only megatron
-    does is asked for, torch otherwise. (A mixture-of-experts model would choose megatron too;
-    model_fit.py refuses one until a backend trains it.)"""
+    does is asked for, or when the model (its config.json, where it can be read) is a mixture of
+    experts (megatron runs its experts as one layer, the torch backend one expert after another);
+    torch otherwise."""
     backend = spec.training.backend
     if backend != "auto":
         return backend, "spec.training.backend"
@@ -155,7 +156,19 @@ def chosen_backend(spec: Any) -> tuple[str, str]:
         return "megatron", "spec.parallelism.recompute is selective"
     if spec.model.megatron_args:
         return "megatron", "spec.model.megatronArgs is set"
-    return "torch", "no parallelism size above 1 and no megatronArgs"
+    if model_config is not None:
+        from .model_fit import expert_count_key
+
+        key = expert_count_key(model_config)
+        if key:
+            return "megatron", f"the model is a mixture of experts (config.json {key}: {model_config[key]})"
+    return "torch", "no parallelism size above 1, no megatronArgs, a dense model"
+
+
+def with_backend(spec: Any, backend: str) -> Any:
+    """A copy of `spec` (an RLJobSpec) whose training.backend is `backend`: what `auto` chose,
+    made explicit for the trainer ranks, which do not read the model's config to choose."""
+    return spec.model_copy(update={"training": spec.training.model_copy(update={"backend": backend})})
 
 
 def backend_violations(spec: Any) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from .backend_rules import chosen_backend
+from .backend_rules import backend_violations, chosen_backend, with_backend
 
 # The HF model types the megatron backend converts (trainer/megatron/model.py builds them).
 MEGATRON_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -51,14 +51,17 @@ def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str
     if moe and config.get("model_type") not in MOE_MODEL_TYPES:
         return [("model", f"config.json {moe}: {config[moe]}: a mixture-of-experts model of type "
                  f"{config.get('model_type')!r}; RL jobs run the MoE types {list(MOE_MODEL_TYPES)}")]
-    backend, _ = chosen_backend(spec)
+    backend, _ = chosen_backend(spec, config)
     if backend != "megatron":
         return []
     model_type = config.get("model_type")
     if model_type not in MEGATRON_MODEL_TYPES:
         return [("training.backend", f"megatron converts HF model types {list(MEGATRON_MODEL_TYPES)}; the "
                  f"checkpoint's config.json has model_type {model_type!r}")]
-    return split_violations(spec.parallelism.tensor, spec.parallelism.pipeline, config)
+    violations = split_violations(spec.parallelism.tensor, spec.parallelism.pipeline, config)
+    if chosen_backend(spec)[0] != backend:  # `auto` chose megatron for this model: megatron's rules apply
+        violations = backend_violations(with_backend(spec, backend)) + violations
+    return violations
 
 
 def read_model_config(path: str | Path) -> dict[str, Any] | None:

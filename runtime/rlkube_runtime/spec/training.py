@@ -74,8 +74,9 @@ class TrainingSpec(SpecModel):
         json_schema_extra=immutable_field("training.backend"),
         description="Trainer backend. torch: PyTorch DDP replicas (spec.parallelism sizes must be 1). megatron: "
         "Megatron-core with spec.parallelism's tensor/pipeline/sequence parallelism, selective recompute and "
-        "model.megatronArgs. auto (default): megatron when any of those is set, torch otherwise; `rlkube run` "
-        "prints which it chose. Fixed after creation.",
+        "model.megatronArgs. auto (default): megatron when any of those is set or the model's config.json is a "
+        "mixture of experts (where it can be read: `rlkube run`, and `rlkube validate` for a local directory), torch "
+        "otherwise; `rlkube run` prints which it chose. Fixed after creation.",
     )
     mode: Literal["sync", "async"] = Field(
         default="sync",

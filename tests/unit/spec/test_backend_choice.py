@@ -29,7 +29,7 @@ def _spec(good_doc, **sections):
 @pytest.mark.parametrize(
     ("sections", "expected"),
     [
-        ({}, ("torch", "no parallelism size above 1 and no megatronArgs")),
+        ({}, ("torch", "no parallelism size above 1, no megatronArgs, a dense model")),
         ({"parallelism": {"tensor": 2}}, ("megatron", "spec.parallelism.tensor is 2")),
         ({"parallelism": {"pipeline": 2}}, ("megatron", "spec.parallelism.pipeline is 2")),
         ({"parallelism": {"recompute": "selective"}}, ("megatron", "spec.parallelism.recompute is selective")),
@@ -41,6 +41,19 @@ def _spec(good_doc, **sections):
 def test_auto_chooses_megatron_only_for_what_only_megatron_does(good_doc, sections, expected):
     assert parse_rljob(good_doc).spec.training.backend == "auto"
     assert chosen_backend(_spec(good_doc, **sections)) == expected
+
+
+def test_auto_chooses_megatron_for_a_mixture_of_experts_and_then_holds_it_to_megatrons_rules(good_doc):
+    moe = {**QWEN3_SMALL, "model_type": "qwen3_moe", "num_experts": 8}
+    spec = parse_rljob(good_doc).spec
+    assert chosen_backend(spec, QWEN3_SMALL)[0] == "torch"
+    assert chosen_backend(spec, moe) == ("megatron", "the model is a mixture of experts (config.json num_experts: 8)")
+    # float16 is fine for the torch backend; auto on this model chose megatron, which refuses it.
+    half = _spec(good_doc, model={"dtype": "float16"})
+    assert model_fit_violations(half, QWEN3_SMALL) == []
+    assert [path for path, _ in model_fit_violations(half, moe)] == ["model.dtype"]
+    assert chosen_backend(_spec(good_doc, training={"backend": "torch"}), moe) == ("torch", "spec.training.backend")
+    assert model_fit_violations(_spec(good_doc, training={"backend": "torch"}), moe) == []
 
 
 def test_megatron_arg_keys_are_checked_against_megatron_cores_fields():
