@@ -52,6 +52,16 @@ PROMETHEUS_GAUGES: dict[str, PromSeries] = {
         "rlkube_train_rollout_logprob_abs_diff",
         "Mean |engine logprob - trainer logprob| on the same tokens: how far rollout and training disagree.",
     ),
+    "rollout/staleness/mean": PromSeries(
+        "rlkube_sample_staleness_mean",
+        "Mean weight syncs between the policy that generated a sample and the one trained on it (async mode: up to "
+        "asyncBufferSize).",
+    ),
+    "rollout/staleness/max": PromSeries("rlkube_sample_staleness_max", "Largest sample staleness of the last rollout."),
+    "train/tis": PromSeries(
+        "rlkube_tis_ratio_mean", "Mean importance ratio trainer/engine before truncation (algorithm.tis enabled)."
+    ),
+    "train/tis_clipfrac": PromSeries("rlkube_tis_clipfrac", "Fraction of tokens whose importance ratio TIS truncated."),
     "perf/rollout_time": PromSeries("rlkube_rollout_seconds", "Seconds spent generating the last rollout."),
     "perf/actor_train_time": PromSeries("rlkube_train_seconds", "Seconds spent training on the last rollout."),
     "perf/update_weights_time": PromSeries("rlkube_weight_sync_seconds", "Seconds of the last weight sync."),

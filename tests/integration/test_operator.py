@@ -267,11 +267,11 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
          "resources.trainer.nodes(1) x gpusPerNode(2) = 2"),
         ("fp8", {"model": {"rolloutDtype": "fp8"}}, "spec.model.rolloutDtype", "fp8 is not implemented"),
         ("buffer", {"training": {"asyncBufferSize": 2}}, "spec.training.asyncBufferSize",
-         "asyncBufferSize(2): only 1 is implemented"),
+         "asyncBufferSize(2): only async mode (training.mode: async) generates ahead"),
         ("ppo", {"algorithm": {"advantageEstimator": "ppo"}}, "spec.algorithm.advantageEstimator",
          "ppo needs a critic (value) model"),
     ],
-    ids=["torch-tensor-parallel", "megatron-replica-too-big", "fp8-rollouts", "async-buffer-2", "ppo"],
+    ids=["torch-tensor-parallel", "megatron-replica-too-big", "fp8-rollouts", "async-buffer-2-in-sync-mode", "ppo"],
 )
 def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_path, name, spec, field, message):
     """The CRD's CEL rules for spec/backend_rules.py and the unimplemented fields, in the real API
@@ -289,8 +289,9 @@ def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_p
                   "chatTemplateKwargs": {"enable_thinking": False}}},
         {"training": {"numRollout": 3, "refUpdateInterval": 2}, "algorithm": {"useKlLoss": True, "klLossCoef": 0.01}},
         {"checkpoint": {"hfExportInterval": 2}},
+        {"placement": "separate", "training": {"numRollout": 3, "mode": "async", "asyncBufferSize": 4}},
     ],
-    ids=["chat-template-kwargs", "ref-update-interval", "hf-export-interval"],
+    ids=["chat-template-kwargs", "ref-update-interval", "hf-export-interval", "async-buffer-4"],
 )
 def test_the_api_server_accepts_the_switches_the_runtime_honours(crd_installed, ns, spec):
     """Their CEL rules compile in the real API server and pass a spec that uses them (a rule the

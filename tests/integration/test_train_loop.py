@@ -88,13 +88,43 @@ def test_async_mode_overlaps_generation_with_training_one_version_behind_and_sti
     returncode, output = _run(job, out)
     assert returncode == 0, output[-5000:]
 
-    rewards = [m["rollout/raw_reward"] for m in _metrics(out) if m["rollout"] >= 0]
+    records = [m for m in _metrics(out) if m["rollout"] >= 0]
+    rewards = [m["rollout/raw_reward"] for m in records]
     assert len(rewards) == rollouts
     assert sum(rewards[:3]) / 3 < 0.3 and sum(rewards[-5:]) / 5 > 0.6, rewards
     # Rollout k+1 is generated while k trains: by the weights synced after k-1 (version k).
     versions = {r["rollout"]: r["weight_versions"] for r in read_jsonl(out / "samples.jsonl")}
     assert versions[0] == versions[1] == ["default"], versions
     assert all(versions[k] == [str(k - 1)] for k in range(2, rollouts)), versions
+    assert [m["rollout/staleness/max"] for m in records] == [0.0] + [1.0] * (rollouts - 1)
+
+
+def test_a_deeper_async_buffer_bounds_staleness_by_its_size_and_still_learns(tmp_path):
+    """asyncBufferSize 4: up to four rollouts generate ahead, one after another, each by a single
+    weight version at most four syncs behind the policy that trains on it; the job still learns."""
+    rollouts, buffer = 40, 4
+    job = write_local_tiny(
+        tmp_path, "deep-async",
+        **{"spec.training.mode": "async", "spec.training.asyncBufferSize": buffer, "spec.training.numRollout": rollouts,
+           "spec.resources.placement": "separate"},
+    )
+    out = tmp_path / "out"
+    returncode, output = _run(job, out)
+    assert returncode == 0, output[-5000:]
+
+    records = {m["rollout"]: m for m in _metrics(out) if m["rollout"] >= 0}
+    rewards = [records[k]["rollout/raw_reward"] for k in range(rollouts)]
+    assert sum(rewards[:3]) / 3 < 0.3 and sum(rewards[-5:]) / 5 > 0.6, rewards
+    trained = read_jsonl(out / "samples.jsonl")
+    assert sorted(r["rollout"] for r in trained) == list(range(rollouts))  # each trained once
+    versions = {r["rollout"]: r["weight_versions"] for r in trained}
+    generated_by = [0 if versions[k] == ["default"] else int(versions[k][0]) for k in range(rollouts)]
+    assert all(len(versions[k]) == 1 for k in range(rollouts)), versions  # one version per rollout
+    assert generated_by == sorted(generated_by), generated_by  # in order: never an older policy after a newer
+    assert all(0 <= k - v <= buffer for k, v in enumerate(generated_by)), generated_by
+    # What the run reports is what the samples record.
+    assert [records[k]["rollout/staleness/max"] for k in range(rollouts)] == [float(k - v) for k, v in enumerate(generated_by)]
+    print("staleness per rollout:", [k - v for k, v in enumerate(generated_by)])
 
 
 @pytest.mark.parametrize("backend", ["torch", "auto"])

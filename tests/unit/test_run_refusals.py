@@ -61,7 +61,7 @@ def test_a_spec_that_fails_validation_is_reported_with_its_fields(tmp_path, repo
     job = {**JOB, "spec": {**JOB["spec"], "training": {"numRollout": 1, "asyncBufferSize": 2}}}
     assert _run(tmp_path, job) == 2
     [message] = reporter.refusals
-    assert message.startswith("doc 1 (refused): spec.training.asyncBufferSize: asyncBufferSize(2): only 1 is implemented")
+    assert message.startswith("doc 1 (refused): spec.training.asyncBufferSize: asyncBufferSize(2): only async mode (training.mode: async) generates ahead")
 
 
 def test_a_missing_data_file_is_not_reported_as_a_spec_refusal(tmp_path, reporter, capsys):

@@ -53,13 +53,6 @@ class RolloutGroup:
                 return None
         return ray.get(pending)
 
-    @staticmethod
-    def wait_done(pending: Any) -> None:
-        """Until `pending` (a rollout still generating) is finished, without taking it."""
-        import ray
-
-        ray.wait([pending], num_returns=1)
-
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         import ray
 

@@ -9,7 +9,9 @@ an engine that dies are retried by the client through the router until the pool 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from typing import Any
 
 from rlkube_runtime.data.sample import Sample
@@ -18,6 +20,7 @@ from rlkube_runtime.plugins import load_callable
 from rlkube_runtime.rewards.hub import compute_rewards
 from rlkube_runtime.rewards.pass_at_k import eval_dataset_metrics
 from rlkube_runtime.actors.engine_pool import EnginePool, EngineRestartLimitExceeded, PoolConfig
+from rlkube_runtime.actors.generation_turns import GenerationTurns
 from rlkube_runtime.rollout.generate import (
     GenerateContext,
     SamplingConfig,
@@ -42,6 +45,7 @@ class RolloutManager:
         self.engines = EnginePool(self.spec, pool)
         self._client = None
         self._data_states: dict[int, dict[str, Any]] = {}
+        self._turns = GenerationTurns()  # rollouts one at a time, in order; syncs between them
         self._reward_client = None  # a RemoteRewardClient when reward.url is set
 
     # -- life cycle -----------------------------------------------------------------------
@@ -101,13 +105,21 @@ class RolloutManager:
     # -- one rollout ----------------------------------------------------------------------
 
     async def generate(self, rollout_id: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        """Rewarded samples of one rollout (as dicts, ordered by group) and the rollout metrics."""
+        """Rewarded samples of one rollout (as dicts, ordered by group) and the rollout metrics.
+        Several may be asked for at once (async mode): they generate one after another, in order."""
+        async with self._turns.rollout(rollout_id):
+            return await self._generate(rollout_id)
+
+    async def _generate(self, rollout_id: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
         self.engines.raise_if_failed()
         # Taken before any prompt is drawn: a checkpoint written while this rollout is still in
-        # flight (async mode) resumes by generating it again from the same prompts.
+        # flight or waiting (async mode) resumes by generating it again from the same prompts.
         self._data_states[rollout_id] = self.source.state_dict()
         self.engines.generating = rollout_id
-        for old in [k for k in self._data_states if k < rollout_id - 1]:
+        # A checkpoint after rollout k asks for k+1's, and up to asyncBufferSize rollouts after k
+        # may have started by then.
+        oldest_asked = rollout_id - self.spec.training.async_buffer_size - 1
+        for old in [k for k in self._data_states if k < oldest_asked]:
             del self._data_states[old]
         rollout = self.spec.rollout
         result = await self.engines.unless_failed(generate_rollout(
@@ -164,7 +176,12 @@ class RolloutManager:
         self.engines.set_weight_pushers(pushers, plan)
 
     async def update_weights(self, version: str) -> SyncReport:
-        return await self.engines.update_weights(version)
+        """After the rollout in flight, before the next one (each rollout has one weight version)."""
+        asked = time.monotonic()
+        async with self._turns.sync():
+            waited = time.monotonic() - asked
+            report = await self.engines.update_weights(version)
+        return dataclasses.replace(report, waited_seconds=waited)
 
     async def release_memory(self, tags: list[str] | None = None) -> None:
         await self.engines.release_memory(tags)

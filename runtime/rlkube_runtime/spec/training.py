@@ -8,11 +8,9 @@ from pydantic import Field, model_validator
 
 from .base import SpecModel, cel_rules, cross_field_error, immutable_field, section
 
-# run/loop.py keeps one rollout in flight: k+1 generates while k trains.
-ASYNC_BUFFER_MESSAGE = (
-    "asyncBufferSize(%d): only 1 is implemented (async mode generates one rollout ahead: rollout k+1 while "
-    "rollout k trains); set 1"
-)
+# Outside async mode nothing generates ahead of training: a deeper buffer would be ignored.
+ASYNC_BUFFER_MESSAGE = "asyncBufferSize(%d): only async mode (training.mode: async) generates ahead; set 1 or mode async"
+MAX_ASYNC_BUFFER = 8  # each rollout asked for ahead holds one of the rollout manager's 16 concurrent calls
 
 
 class OptimizerSpec(SpecModel):
@@ -48,7 +46,7 @@ class TrainingSpec(SpecModel):
             "fieldPath": ".globalBatchSize",
         },
         {
-            "rule": "!has(self.asyncBufferSize) || self.asyncBufferSize == 1",
+            "rule": "!has(self.asyncBufferSize) || self.asyncBufferSize == 1 || (has(self.mode) && self.mode == 'async')",
             "messageExpression": f"'{ASYNC_BUFFER_MESSAGE}'.format([self.asyncBufferSize])",
             "fieldPath": ".asyncBufferSize",
         },
@@ -87,8 +85,13 @@ class TrainingSpec(SpecModel):
     async_buffer_size: int = Field(
         default=1,
         ge=1,
-        description="Rollouts async mode generates ahead of training. Only 1 is implemented (rollout k+1 generates "
-        "while rollout k trains); other values are refused. Default 1.",
+        le=MAX_ASYNC_BUFFER,
+        description="Rollouts async mode generates ahead of training, one after another: while rollout k trains, "
+        "rollouts up to k+N generate, each by the weights last synced when it started. A sample is then up to N "
+        "weight versions behind the policy that trains on it (reported as rollout/staleness/*; "
+        "algorithm.tis corrects for it). A deeper buffer does not raise throughput when generating and training "
+        "take steady times (one rollout ahead already overlaps them); it keeps the engines busy through uneven ones "
+        "(long-tail rollouts, checkpoints, evals). Default 1, 1 to 8; above 1 only with mode async.",
     )
     ref_update_interval: Optional[int] = Field(
         default=None,
@@ -123,6 +126,6 @@ class TrainingSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "TrainingSpec":
-        if self.async_buffer_size != 1:
+        if self.async_buffer_size != 1 and self.mode != "async":
             raise cross_field_error([("asyncBufferSize", ASYNC_BUFFER_MESSAGE % self.async_buffer_size)])
         return self

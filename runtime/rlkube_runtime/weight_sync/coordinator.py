@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 class SyncReport:
     """What one sync did: the weight version, the transport, tensor bytes sent to each engine,
     seconds (the slowest pushing rank's), requests per engine, and the engines that failed
-    (URL -> error), which the caller replaces."""
+    (URL -> error), which the caller replaces; in async mode, how long the sync waited for the
+    rollout in flight to finish (not part of the sync's own time)."""
 
     transport: str
     version: str = ""
@@ -30,6 +31,7 @@ class SyncReport:
     seconds: float = 0.0
     requests_per_engine: int = 0
     failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    waited_seconds: float = 0.0
 
     @classmethod
     def merged(cls, transport: str, version: str, reports: list[SyncReport]) -> SyncReport:
@@ -44,7 +46,8 @@ class SyncReport:
 
     def metrics(self) -> dict[str, float]:
         """The loop's perf/ figures of this sync."""
-        return {"perf/update_weights_push_time": self.seconds, "perf/update_weights_bytes": float(self.bytes_per_engine)}
+        return {"perf/update_weights_push_time": self.seconds, "perf/update_weights_bytes": float(self.bytes_per_engine),
+                "perf/update_weights_wait_time": self.waited_seconds}
 
 
 Push = Callable[[int, list[str], SyncPlan, str], Awaitable[SyncReport]]

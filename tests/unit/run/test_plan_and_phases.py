@@ -110,7 +110,8 @@ def test_the_ranks_reports_merge_into_the_slowest_push_and_every_failure():
     ])
     assert merged == SyncReport("distributed", "7", bytes_per_engine=100, seconds=0.75, requests_per_engine=2,
                                 failed={"http://e:2": "ConnectionError"})
-    assert merged.metrics() == {"perf/update_weights_push_time": 0.75, "perf/update_weights_bytes": 100.0}
+    assert merged.metrics() == {"perf/update_weights_push_time": 0.75, "perf/update_weights_bytes": 100.0,
+                                "perf/update_weights_wait_time": 0.0}
     assert SyncPlan().pushing_ranks == frozenset()
 
 

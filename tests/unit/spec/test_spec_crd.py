@@ -123,7 +123,7 @@ def test_crd_carries_every_cross_field_rule():
              ("spec.model", "spec.rollout", "spec.reward", "spec.algorithm", "spec.algorithm.tis", "spec.training")}
     assert "has(self.hfCheckpoint) || has(self.preset) || has(self.load)" in rules["spec.model"]
     assert "self.rolloutDtype != 'fp8'" in rules["spec.model"]
-    assert "self.asyncBufferSize == 1" in rules["spec.training"]
+    assert "self.asyncBufferSize == 1 || (has(self.mode) && self.mode == 'async')" in rules["spec.training"]
     assert "!(self.advantageEstimator in ['ppo'])" in rules["spec.algorithm"]
     assert "self.overSamplingBatchSize > self.batchSize" in rules["spec.rollout"]
     assert "self.type != 'custom' || has(self.customPath)" in rules["spec.reward"]
@@ -387,6 +387,7 @@ ACCEPTED_CASES = [
     {"data": {"promptData": "p.json", "applyChatTemplate": True, "chatTemplateKwargs": {"enable_thinking": False}}},
     {"parallelism": {"recompute": "full", "microBatchSize": 2, "dynamicBatchSize": False}},
     {"training": {"numRollout": 5, "globalBatchSize": 128, "backend": "torch", "mode": "sync", "asyncBufferSize": 1}},
+    {"training": {"numRollout": 5, "mode": "async", "asyncBufferSize": 4}, "resources": {"placement": "separate"}},
     {**MEGATRON, "parallelism": {"tensor": 2, "pipeline": 2, "sequenceParallel": True}},
     {**MEGATRON, "parallelism": {"tensor": 2, "recompute": "selective"}},
     {**MEGATRON, "parallelism": {"tensor": 4}, "resources": {"placement": "colocated", "trainer": {"nodes": 3, "gpusPerNode": 4}}},

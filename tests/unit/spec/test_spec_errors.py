@@ -254,10 +254,16 @@ BROKEN = [
         "fp8 is not implemented (weight syncs send the engines bf16 weights and nothing quantizes them); use bf16",
     ),
     (
-        "async-buffer-above-one",
+        "async-buffer-without-async-mode",
         {"spec.training.asyncBufferSize": 3},
         "spec.training.asyncBufferSize",
-        "asyncBufferSize(3): only 1 is implemented",
+        "asyncBufferSize(3): only async mode (training.mode: async) generates ahead; set 1 or mode async",
+    ),
+    (
+        "async-buffer-above-eight",
+        {"spec.training.asyncBufferSize": 9, "spec.training.mode": "async", "spec.resources.placement": "separate"},
+        "spec.training.asyncBufferSize",
+        "less than or equal to 8",
     ),
     (
         "ppo-without-critic",
