@@ -62,6 +62,9 @@ PROMETHEUS_GAUGES: dict[str, PromSeries] = {
         "rlkube_tis_ratio_mean", "Mean importance ratio trainer/engine before truncation (algorithm.tis enabled)."
     ),
     "train/tis_clipfrac": PromSeries("rlkube_tis_clipfrac", "Fraction of tokens whose importance ratio TIS truncated."),
+    "train/opsm_clipfrac": PromSeries(
+        "rlkube_opsm_masked_share", "Share of the policy loss off-policy sequence masking dropped (algorithm.opsm)."
+    ),
     "perf/rollout_time": PromSeries("rlkube_rollout_seconds", "Seconds spent generating the last rollout."),
     "perf/actor_train_time": PromSeries("rlkube_train_seconds", "Seconds spent training on the last rollout."),
     "perf/update_weights_time": PromSeries("rlkube_weight_sync_seconds", "Seconds of the last weight sync."),

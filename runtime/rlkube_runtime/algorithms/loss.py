@@ -19,8 +19,9 @@ from .kl import KL_ESTIMATORS, compute_approx_kl
 from .policy_loss import PPO_KL_FUNCTIONS, check_clip_params, clipped_policy_loss, clipped_value_loss
 from .reduction import loss_token_weights
 from .segments import segment_ids_from_lengths
+from .opsm import opsm_mask
 from .tis import tis_weights
-from ..spec.algorithm import AlgorithmSpec, TisSpec
+from ..spec.algorithm import AlgorithmSpec, OpsmSpec, TisSpec
 from ..spec.base import spec_default
 
 
@@ -36,6 +37,7 @@ class PolicyLossConfig:
         coefficient 0 it is reported but not added (and not differentiated).
     entropy_coef: weight of the entropy bonus.
     use_tis, tis_clip, tis_clip_low: truncated importance sampling against rollout_log_probs.
+    use_opsm, opsm_delta: off-policy sequence masking against rollout_log_probs (`opsm.py`).
     per_token_loss: mean over all masked tokens instead of mean over samples of token means.
     """
 
@@ -50,6 +52,8 @@ class PolicyLossConfig:
     use_tis: bool = spec_default(TisSpec, "enabled")
     tis_clip: float = spec_default(TisSpec, "clip")
     tis_clip_low: float = spec_default(TisSpec, "clip_low")
+    use_opsm: bool = spec_default(OpsmSpec, "enabled")
+    opsm_delta: float = spec_default(OpsmSpec, "delta")
     per_token_loss: bool = spec_default(AlgorithmSpec, "per_token_loss")
 
     @property
@@ -92,7 +96,7 @@ def policy_objective(
         (loss: scalar differentiable w.r.t. log_probs (and entropy), metrics: detached scalars
         "loss", "pg_loss", "pg_clipfrac", "ppo_kl", plus "entropy_loss" when entropy is given,
         "kl_loss" when use_kl_loss, "tis" (mean unclamped ratio, as slime) and "tis_clipfrac" when
-        use_tis, and "train_rollout_logprob_abs_diff" when rollout_log_probs is given).
+        use_tis, "opsm_clipfrac" (the loss-weighted share of tokens masked) when use_opsm, and "train_rollout_logprob_abs_diff" when rollout_log_probs is given).
     """
     c = config
     ppo_kl_fn = lookup(PPO_KL_FUNCTIONS, c.estimator, "estimator")
@@ -103,6 +107,8 @@ def policy_objective(
             raise ValueError("use_kl_loss=True needs ref_log_probs (the reference policy's log-probs)")
     if c.use_tis and rollout_log_probs is None:
         raise ValueError("use_tis=True needs rollout_log_probs (the engine's log-probs of the sampled tokens)")
+    if c.use_opsm and rollout_log_probs is None:
+        raise ValueError("use_opsm=True needs rollout_log_probs (the engine's log-probs: the behaviour policy)")
     if entropy is None and c.entropy_coef != 0:
         raise ValueError(
             f"entropy_coef={c.entropy_coef!r} needs the per-token entropy; pass entropy (or set entropy_coef=0)"
@@ -144,6 +150,10 @@ def policy_objective(
         rollout_flat = flat("rollout_log_probs", rollout_log_probs).detach()
         tis = tis_weights(old_flat, rollout_flat, clip=c.tis_clip, clip_low=c.tis_clip_low)
         pg_losses = pg_losses * tis.weights.to(pg_losses.dtype)
+    if c.use_opsm:
+        opsm = opsm_mask(log_probs_flat, flat("rollout_log_probs", rollout_log_probs), advantages_flat, mask,
+                         segment_ids, num_samples, delta=c.opsm_delta)
+        pg_losses = pg_losses * opsm.keep.to(pg_losses.dtype)
 
     pg_loss = reduce(pg_losses)
     loss = pg_loss
@@ -168,6 +178,8 @@ def policy_objective(
     if c.use_tis:
         metrics["tis"] = reduce(tis.ratio)
         metrics["tis_clipfrac"] = reduce(tis.clipfrac)
+    if c.use_opsm:
+        metrics["opsm_clipfrac"] = reduce(opsm.masked)
     if rollout_log_probs is not None:
         rollout_flat = flat("rollout_log_probs", rollout_log_probs).detach()
         metrics["train_rollout_logprob_abs_diff"] = reduce((old_flat - rollout_flat).abs())

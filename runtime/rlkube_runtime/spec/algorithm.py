@@ -47,6 +47,18 @@ class TisSpec(SpecModel):
         return self
 
 
+class OpsmSpec(SpecModel):
+    """Off-policy sequence masking: drops the loss of failed samples the policy has moved away from."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Mask the policy-gradient loss of every sample whose advantage is negative and whose tokens' "
+        "mean (engine logprob - current logprob) exceeds delta (slime's --use-opsm, with the engine as the "
+        "behaviour policy). Default false.",
+    )
+    delta: float = Field(default=1e-4, ge=0, description="Drift threshold of opsm. Default 1e-4 (slime's), >= 0.")
+
+
 class AlgorithmSpec(SpecModel):
     """How rewards become advantages and what the policy loss contains."""
 
@@ -116,6 +128,7 @@ class AlgorithmSpec(SpecModel):
     gamma: float = Field(default=1.0, ge=0, le=1, description="Discount factor (ppo, reinforce_plus_plus). Default 1.0, in [0, 1].")
     gae_lambda: float = Field(default=1.0, ge=0, le=1, description="GAE lambda (ppo). Default 1.0, in [0, 1].")
     tis: TisSpec = section(TisSpec, "Truncated importance sampling against the engine's logprobs. Default: off.")
+    opsm: OpsmSpec = section(OpsmSpec, "Off-policy sequence masking against the engine's logprobs. Default: off.")
 
     @property
     def effective_eps_clip_high(self) -> float:

@@ -143,8 +143,8 @@ def loss_counts(
     needed = [("old_log_probs", "fill it with log_probs(batch, model='actor')")]
     if loss.use_kl_loss:
         needed.append(("ref_log_probs", "use_kl_loss is on: fill it with log_probs(batch, model='ref')"))
-    if loss.use_tis:
-        needed.append(("rollout_log_probs", "TIS is on: pass the engine's per-token log-probs"))
+    if loss.use_tis or loss.use_opsm:
+        needed.append(("rollout_log_probs", "TIS or OPSM is on: pass the engine's per-token log-probs"))
     for field, how in needed:
         if getattr(batch, field) is None:
             raise ValueError(f"train_step needs TrainBatch.{field}, which is None; {how}")

@@ -40,6 +40,7 @@ def test_config_from_the_rljob_spec():
             "klLossType": "k3",
             "perTokenLoss": True,
             "tis": {"enabled": True, "clip": 1.5, "clipLow": 0.1},
+            "opsm": {"enabled": True, "delta": 0.02},
         },
         training={
             "numRollout": 5,
@@ -54,6 +55,7 @@ def test_config_from_the_rljob_spec():
     assert (cfg.optimizer.lr, cfg.optimizer.lr_decay_style, cfg.optimizer.clip_grad) == (2e-6, "cosine", 0.5)
     assert cfg.loss.estimator == "gspo" and cfg.loss.per_token_loss and cfg.loss.kl_loss_type == "k3"
     assert cfg.loss.use_tis and (cfg.loss.tis_clip, cfg.loss.tis_clip_low) == (1.5, 0.1)
+    assert cfg.loss.use_opsm and cfg.loss.opsm_delta == 0.02
     assert cfg.loss.clip_high == 0.28
     assert cfg.batching.max_tokens_per_gpu == 512 and cfg.batching.dynamic_batch_size
     assert cfg.temperature == 0.8 and cfg.seed == 7
