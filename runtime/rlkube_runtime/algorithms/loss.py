@@ -36,7 +36,8 @@ class PolicyLossConfig:
     use_kl_loss, kl_loss_coef, kl_loss_type: KL(current || reference) term in the loss; with
         coefficient 0 it is reported but not added (and not differentiated).
     entropy_coef: weight of the entropy bonus.
-    use_tis, tis_clip, tis_clip_low: truncated importance sampling against rollout_log_probs.
+    use_tis, tis_clip, tis_clip_low, tis_level, tis_mode: (truncated or masked) importance sampling
+        against rollout_log_probs (`tis.py`).
     use_opsm, opsm_delta: off-policy sequence masking against rollout_log_probs (`opsm.py`).
     per_token_loss: mean over all masked tokens instead of mean over samples of token means.
     """
@@ -52,6 +53,8 @@ class PolicyLossConfig:
     use_tis: bool = spec_default(TisSpec, "enabled")
     tis_clip: float = spec_default(TisSpec, "clip")
     tis_clip_low: float = spec_default(TisSpec, "clip_low")
+    tis_level: str = spec_default(TisSpec, "level")
+    tis_mode: str = spec_default(TisSpec, "mode")
     use_opsm: bool = spec_default(OpsmSpec, "enabled")
     opsm_delta: float = spec_default(OpsmSpec, "delta")
     per_token_loss: bool = spec_default(AlgorithmSpec, "per_token_loss")
@@ -148,7 +151,8 @@ def policy_objective(
     metrics: dict[str, Tensor] = {}
     if c.use_tis:
         rollout_flat = flat("rollout_log_probs", rollout_log_probs).detach()
-        tis = tis_weights(old_flat, rollout_flat, clip=c.tis_clip, clip_low=c.tis_clip_low)
+        tis = tis_weights(old_flat, rollout_flat, clip=c.tis_clip, clip_low=c.tis_clip_low, level=c.tis_level,
+                          mode=c.tis_mode, mask=mask, segment_ids=segment_ids, num_segments=num_samples)
         pg_losses = pg_losses * tis.weights.to(pg_losses.dtype)
     if c.use_opsm:
         opsm = opsm_mask(log_probs_flat, flat("rollout_log_probs", rollout_log_probs), advantages_flat, mask,

@@ -156,6 +156,8 @@ class LossConfig(PolicyLossConfig):
             use_tis=alg.tis.enabled,
             tis_clip=alg.tis.clip,
             tis_clip_low=alg.tis.clip_low,
+            tis_level=alg.tis.level,
+            tis_mode=alg.tis.mode,
             use_opsm=alg.opsm.enabled,
             opsm_delta=alg.opsm.delta,
             reward_kl_coef=alg.kl_coef,
