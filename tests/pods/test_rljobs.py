@@ -195,9 +195,11 @@ def test_a_separate_job_trains_to_succeeded_on_real_pods_through_a_lost_rollout_
         cluster, namespace, rollout_image, tmp_path, node_memory):
     """Trainer pod, rollout pod (built-in engine behind the router) and head on the real node; the
     rollout pod deleted mid-run is replaced and its engine re-registered; suspended, its pods go
-    and resuming continues from the checkpoint; every panel's query has data; the reward rises."""
+    and resuming continues from the checkpoint; every panel's query has data (KL, TIS and OPSM on, so
+    the off-policy panel has its series too); the reward rises."""
     name, num_rollout = "separate", 150
-    job = tiny_job(name, num_rollout=num_rollout, interval=5, algorithm={"useKlLoss": True, "klLossCoef": 0.001},
+    algorithm = {"useKlLoss": True, "klLossCoef": 0.001, "tis": {"enabled": True}, "opsm": {"enabled": True}}
+    job = tiny_job(name, num_rollout=num_rollout, interval=5, algorithm=algorithm,
                    faultTolerance={"healthCheck": {"firstWaitSeconds": 5, "intervalSeconds": 5, "timeoutSeconds": 10}},
                    eval={"interval": 10, "datasets": [
                        {"name": "successor", "path": "builtin:digit-successor", "nSamples": 2, "passK": [1, 2]}]})
