@@ -7,6 +7,7 @@ suite's (tests/chaos/test_chaos_local.py), which compares each with one uninterr
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -125,6 +126,39 @@ def test_a_deeper_async_buffer_bounds_staleness_by_its_size_and_still_learns(tmp
     # What the run reports is what the samples record.
     assert [records[k]["rollout/staleness/max"] for k in range(rollouts)] == [float(k - v) for k, v in enumerate(generated_by)]
     print("staleness per rollout:", [k - v for k, v in enumerate(generated_by)])
+
+
+def test_a_deep_async_run_stopped_with_rollouts_buffered_resumes_without_skipping_or_repeating_a_prompt(tmp_path):
+    """SIGTERM while up to four rollouts are generating ahead: the checkpoint records the data
+    position of the first rollout not trained, the resume generates the buffered ones again from
+    the same prompts, and over both starts every prompt group trains exactly once, in order."""
+    rollouts, prompts_per_rollout = 10, 16
+    job = write_local_tiny(
+        tmp_path, "deep-async-stop",
+        **{"spec.training.mode": "async", "spec.training.asyncBufferSize": 4, "spec.training.numRollout": rollouts,
+           "spec.resources.placement": "separate", "spec.checkpoint.interval": 100},
+    )
+    out = tmp_path / "out"
+    run = start_run(job, out)
+    try:
+        run.wait_until(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 3, "3 rollouts logged", timeout_s=240)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait(timeout_s=120) == 143, run.output[-4000:]
+    finally:
+        run.kill()
+    stopped_after = len(read_jsonl(out / "samples.jsonl"))
+    assert stopped_after < rollouts
+    returncode, output = _run(job, out)
+    assert returncode == 0, output[-5000:]
+    assert f"resuming from checkpoint {out / 'checkpoints' / f'rollout_{stopped_after - 1:08d}'}" in output
+
+    trained = read_jsonl(out / "samples.jsonl")
+    assert [r["rollout"] for r in trained] == list(range(rollouts))  # none redone, none missing
+    groups = [g for r in trained for g in r["group_indices"]]
+    assert groups == list(range(rollouts * prompts_per_rollout)), groups  # every group once, in draw order
+    # The resume's engines start from the checkpoint's weights (version = the first rollout it runs).
+    first_after = trained[stopped_after]["weight_versions"]
+    assert first_after == [str(stopped_after)], first_after
 
 
 @pytest.mark.parametrize("backend", ["torch", "auto"])
