@@ -17,8 +17,14 @@ def test_a_killed_megatron_run_resumes_from_its_distributed_checkpoint(tmp_path)
     out = tmp_path / "out"
     run = start_run(job, out)
     latest = out / "checkpoints" / "latest"
-    run.wait_until(lambda: latest.exists() and latest.read_text().strip() not in ("", "1"),
-                   "the checkpoint of rollout 3", timeout_s=600)
+
+    def rollout_3_saved_and_logged() -> bool:
+        # A rollout's metrics line follows its checkpoint: waiting for both keeps a kill in that
+        # short window from leaving rollout 3's loss unlogged (its training is checkpointed either way).
+        saved = latest.exists() and latest.read_text().strip() not in ("", "1")
+        return saved and any(m["rollout"] == 3 for m in read_jsonl(out / "metrics.jsonl"))
+
+    run.wait_until(rollout_3_saved_and_logged, "the checkpoint and metrics of rollout 3", timeout_s=600)
     run.kill()
 
     saved = out / "checkpoints" / "rollout_00000003"
