@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from rlkube_runtime.serving.engine_metrics import EngineMetricsScrape
+
 if TYPE_CHECKING:
     from rlkube_runtime.tracking import Tracker
 
@@ -112,6 +114,8 @@ class PrometheusExporter:
             for key, series in EVAL_GAUGES.items()
         }
         self._pass_at_k = Gauge(EVAL_PASS_AT_K.name, EVAL_PASS_AT_K.help, ["rljob", "dataset", "k"], registry=self.registry)
+        self.engines = EngineMetricsScrape(job_name)
+        self.registry.register(self.engines)
         self.port = None
         if port is not None:
             server, _thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
@@ -130,6 +134,10 @@ class PrometheusExporter:
 
     def count_engine_restarts(self, n: int = 1) -> None:
         self._engine_restarts.labels(self.job_name).inc(n)
+
+    def watch_engines(self, urls: Sequence[str]) -> None:
+        """Pass these engines' own series through (serving/engine_metrics.py)."""
+        self.engines.watch(urls)
 
 
 class MetricsLogger:

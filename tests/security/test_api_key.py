@@ -75,6 +75,8 @@ def test_the_engine_and_the_router_refuse_every_guarded_request_without_the_key(
     # Probes stay open, as in SGLang: a kubelet or the router's health check carries no key.
     assert call("GET", engine.url + "/health") == 200
     assert call("GET", router.url + "/health") == 200
+    # So do the engine's own series, which the driver scrapes without the key (serving/engine_metrics.py).
+    assert call("GET", engine.url + "/metrics") == 200
 
 
 @pytest.mark.slow

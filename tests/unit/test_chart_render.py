@@ -40,7 +40,7 @@ ALL_ON = ["serviceMonitor.enabled=true", "podMonitor.enabled=true", "prometheusR
 # One watched namespace, kopf peering on.
 NAMESPACED = ["watchNamespace=team-a", "operator.standalone=false"]
 
-METRIC_NAME = re.compile(r"\brlkube_[a-z_]+")
+METRIC_NAME = re.compile(r"\b(?:rlkube_[a-z_]+|sglang:[a-z_]+)")
 
 
 # --- helpers (also used by tests/integration/test_chart.py) --------------------------------------
@@ -122,9 +122,12 @@ def exported_series() -> tuple[set[str], set[str]]:
     """(runtime series, operator series) under the names Prometheus stores them."""
     from prometheus_client import Counter, Gauge, Histogram
     from rlkube_operator import metrics as operator_metrics
+    from rlkube_runtime.engine.metrics import SGLANG_SERIES
+    from rlkube_runtime.serving.engine_metrics import ENGINE_METRICS_UP
     from rlkube_runtime.metrics import ENGINE_RESTARTS, EVAL_GAUGES, EVAL_PASS_AT_K, PROMETHEUS_GAUGES
 
     runtime = {s.name for s in (*PROMETHEUS_GAUGES.values(), *EVAL_GAUGES.values(), ENGINE_RESTARTS, EVAL_PASS_AT_K)}
+    runtime |= {*SGLANG_SERIES, ENGINE_METRICS_UP}  # the engines' own, passed through the driver
     operator = set()
     for collector in vars(operator_metrics).values():
         if isinstance(collector, Counter):

@@ -66,3 +66,41 @@ def test_eval_metrics_reach_prometheus_per_dataset_and_k(tmp_path):
     assert 'rlkube_eval_pass_at_k{dataset="code",k="4",rljob="demo"} 0.5' in body
     assert "num_prompts" not in body
     logger.close()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_engines_own_series_pass_through_the_driver_labelled_with_job_and_engine(tmp_path):
+    """One engine serving SGLang-named series (a real prometheus_client endpoint), one gone: the
+    driver's endpoint carries the first's series with rljob and engine added, types kept, and says
+    which engine answered."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    Gauge("sglang:num_running_reqs", "running", ["model_name"], registry=registry).labels("qwen").set(3)
+    Counter("sglang:generation_tokens", "generated", ["model_name"], registry=registry).labels("qwen").inc(120)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+    live, gone = f"127.0.0.1:{server.server_port}", f"127.0.0.1:{_closed_port()}"
+    logger = MetricsLogger("demo", tmp_path, prometheus_port=0, tensorboard=False, stream=io.StringIO())
+    try:
+        logger.prometheus.watch_engines([f"http://{live}", f"http://{gone}"])
+        body = urllib.request.urlopen(f"http://127.0.0.1:{logger.prometheus.port}/metrics", timeout=10).read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(body)}
+        [running] = families["sglang:num_running_reqs"].samples
+        assert running.labels == {"model_name": "qwen", "rljob": "demo", "engine": live} and running.value == 3
+        assert families["sglang:generation_tokens"].type == "counter"
+        assert {s.labels["engine"]: s.value for s in families["rlkube_engine_metrics_up"].samples} == {live: 1, gone: 0}
+
+        logger.prometheus.watch_engines([])  # the engines went (the run's end): their series go too
+        body = urllib.request.urlopen(f"http://127.0.0.1:{logger.prometheus.port}/metrics", timeout=10).read().decode()
+        assert "sglang:" not in body
+    finally:
+        logger.close()
+        server.shutdown()

@@ -99,6 +99,11 @@ class RolloutGroup:
 
         return ray.get(self.handle.take_engine_restarts.remote())
 
+    def engine_urls(self) -> list[str]:
+        import ray
+
+        return ray.get(self.handle.engine_urls.remote())
+
     def shutdown(self, timeout: float = 60) -> None:
         import ray
 

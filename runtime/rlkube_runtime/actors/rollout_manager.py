@@ -193,6 +193,10 @@ class RolloutManager:
         """Engine restarts since the last call (the driver counts them into its metrics)."""
         return self.engines.take_restarts()
 
+    async def engine_urls(self) -> list[str]:
+        """Where the engines serve now (restarts move them): the driver scrapes their /metrics."""
+        return self.engines.urls
+
     # -- data position --------------------------------------------------------------------
 
     async def data_state(self, next_rollout_id: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import logging
 from aiohttp import web
 
 from rlkube_runtime.engine.engine import Engine
+from rlkube_runtime.engine.metrics import metrics_text
 from rlkube_runtime.engine.protocol import ProtocolError, error_envelope
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,14 @@ async def health_generate(request: web.Request) -> web.Response:
 @routes.put("/generate")
 async def generate(request: web.Request) -> web.Response:
     return web.json_response(await _engine(request).generate(await _body(request)))
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    """SGLang's series (engine/metrics.py); open without the API key, as SGLang's."""
+    engine = _engine(request)
+    return web.Response(body=metrics_text(engine.scheduler, engine.model_path), content_type="text/plain",
+                        charset="utf-8")
 
 
 @routes.get("/get_model_info")

@@ -44,6 +44,7 @@ class Scheduler:
         self.released_tags: set[str] = set()
         self.generated_tokens = 0  # since start, for throughput reporting
         self.finished_requests = 0  # since start, answered with any finish reason
+        self.prefill_tokens = 0  # since start, tokens run through a prefill forward (retractions re-prefill)
         self.steps = 0  # generation steps run; a health check counts progress as health
         self.kv_tokens = 0  # tokens held in the running batch's cache, kept as a plain int
 
@@ -221,7 +222,9 @@ class Scheduler:
                 group.append(joiners.pop(0))
             self._running.extend(group)  # before the forward, so a failure fails them too
             # A retracted request re-prefills its prompt and the tokens it already generated.
-            logits = self.runner.prefill([seq.prompt_ids + seq.output_ids for seq in group], [seq.slots_needed for seq in group])
+            inputs = [seq.prompt_ids + seq.output_ids for seq in group]
+            logits = self.runner.prefill(inputs, [seq.slots_needed for seq in group])
+            self.prefill_tokens += sum(map(len, inputs))
             self._sample_and_advance(logits, group)
 
     def _decode(self) -> None:

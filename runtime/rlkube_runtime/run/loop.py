@@ -52,6 +52,7 @@ def generate_and_train(job: Job, stop: StopRequest, *, resume: bool) -> None:
         job.report.eval_before_training(evaluate(job, -1))
     num_rollout = plan.spec.training.num_rollout
     ahead = plan.spec.training.async_buffer_size if plan.spec.training.mode == "async" else 0
+    job.report.watch_engines(job.rollouts.engine_urls())
     pending = GenerationQueue(job.rollouts, start, num_rollout)
     pending.ask_through(start)
     for rollout_id in range(start, num_rollout):
@@ -171,6 +172,8 @@ def evaluate(job: Job, rollout_id: int) -> dict[str, float]:
 
 def finish_rollout(job: Job, rollout_id: int, metrics, saved, step_start: float) -> None:
     restarts = job.rollouts.take_engine_restarts() if job.rollouts is not None else 0
+    if job.rollouts is not None:
+        job.report.watch_engines(job.rollouts.engine_urls())
     job.report.rollout(rollout_id, metrics, saved, seconds=time.monotonic() - step_start, new_engine_restarts=restarts)
 
 

@@ -86,6 +86,10 @@ class Report:
                 engine_restarts=self.engine_restarts,
             )
 
+    def watch_engines(self, urls: list[str]) -> None:
+        """The engines whose own series the driver's /metrics passes through (serving/engine_metrics.py)."""
+        self.logger.prometheus.watch_engines(urls)
+
     def eval_before_training(self, metrics: dict[str, float]) -> None:
         self.logger.log(-1, {**metrics, "progress/num_rollout": self.plan.spec.training.num_rollout})
 

@@ -4,5 +4,6 @@
 sglang-router pair); `launch` starts SGLang servers or the built-in engine as child processes and
 waits until they are ready; `router` starts the sglang-router and adds and removes its workers;
 `client` is the async HTTP side: `RolloutClient` for generation through the router, `EngineAdmin`
-for one engine's control API. Generation itself (rollout/) only sees the client it is handed.
+for one engine's control API; `engine_metrics` passes the engines' own /metrics through the
+driver's. Generation itself (rollout/) only sees the client it is handed.
 """

@@ -95,6 +95,9 @@ def derived_flags(config: SGLangServerConfig) -> dict[str, ArgValue]:
         # Readiness is /health_generate (a real one-token generation) followed by /flush_cache;
         # SGLang's own warm-up only delays start-up and can time out on a large model.
         "skip-server-warmup": True,
+        # SGLang's own series on /metrics (queue, running requests, tokens), which the driver
+        # passes through to Prometheus beside rlkube's (serving/engine_metrics.py).
+        "enable-metrics": True,
         # Generation and every weight and admin endpoint then need `Authorization: Bearer <key>`.
         "api-key": config.api_key,
     }

@@ -26,6 +26,7 @@ def test_separate_engine_line_is_exactly_the_derived_flags_in_order():
     assert sglang_server_args(SGLangServerConfig(**BASE)) == [
         "--model-path", "/models/qwen", "--host", "10.0.0.7", "--port", "30000", "--nccl-port", "30001",
         "--tp-size", "2", "--random-seed", "42", "--dtype", "bfloat16", "--skip-server-warmup",
+        "--enable-metrics",
     ]
 
 

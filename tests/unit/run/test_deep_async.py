@@ -32,6 +32,9 @@ class _Recorder:
     def take_engine_restarts(self):
         return 0
 
+    def engine_urls(self):
+        return ["http://127.0.0.1:1"]
+
     # trainers
     def train(self, rollout_id, samples):
         self.events.append(("train", rollout_id))
@@ -57,6 +60,9 @@ class _Recorder:
         pass
 
     def rollout(self, rollout_id, metrics, saved, *, seconds, new_engine_restarts=0):
+        pass
+
+    def watch_engines(self, urls):
         pass
 
 
