@@ -132,6 +132,7 @@ class RolloutManager:
             keep_group=self._filter,
             abort_in_flight=lambda: self._client.abort(f"r{rollout_id}-"),  # this rollout's requests only
             partial_rollout=rollout.partial_rollout,
+            mask_off_policy=rollout.mask_off_policy_in_partial_rollout,
             custom_generate=self._custom_generate,
         ))
         samples = [s for group in result.groups for s in group]

@@ -155,6 +155,7 @@ async def generate_rollout(
     keep_group: GroupFilter | None = None,
     abort_in_flight: Callable[[], Awaitable[None]] | None = None,
     partial_rollout: bool = False,
+    mask_off_policy: bool = False,
     custom_generate: CustomGenerateFn | None = None,
 ) -> RolloutResult:
     """Generate until `num_groups` groups pass the filter; return those, ordered by group index."""
@@ -166,6 +167,9 @@ async def generate_rollout(
     in_flight: dict[asyncio.Task, list[Sample]] = {}
 
     async def run_group(group: list[Sample]) -> list[Sample]:
+        if partial_rollout and mask_off_policy:
+            for s in group:
+                mask_earlier_response(s)
         done = await asyncio.gather(*(generate_one(ctx, s) for s in group))
         if any(s.status == SampleStatus.ABORTED for s in done):
             return list(done)
@@ -220,6 +224,13 @@ async def _drain(
     for result, original in zip(results, in_flight.values()):
         drained.append(original if isinstance(result, BaseException) else result)
     return drained
+
+
+def mask_earlier_response(sample: Sample) -> None:
+    """The response a partial rollout kept came from older weights: none of it trains (slime's
+    --mask-offpolicy-in-partial-rollout); what is generated from here on appends with mask 1."""
+    if sample.response_length > 0:
+        sample.loss_mask = [0] * sample.response_length
 
 
 def _reset_for_retry(group: list[Sample], keep_partial: bool) -> list[Sample]:

@@ -32,6 +32,10 @@ MANAGED_SGLANG_FLAGS = {
 MANAGED_ROUTER_FLAGS = {
     "api-key": "the job's API key (a Secret the operator generates for each RLJob)",
 }
+_MASK_NEEDS_PARTIAL = (
+    "maskOffPolicyInPartialRollout masks what partial rollout kept from an earlier rollout: set partialRollout: true, "
+    "or leave it false"
+)
 _BUILTIN_ONE_GPU = (
     "the built-in engine runs on one device, so gpusPerEngine must be 1 with engine builtin; use engine: sglang "
     "for tensor-parallel engines"
@@ -63,6 +67,12 @@ class RolloutSpec(SpecModel):
             "rule": "!has(self.engine) || self.engine != 'builtin' || !has(self.gpusPerEngine) || self.gpusPerEngine == 1",
             "message": _BUILTIN_ONE_GPU,
             "fieldPath": ".gpusPerEngine",
+        },
+        {
+            "rule": "!has(self.maskOffPolicyInPartialRollout) || !self.maskOffPolicyInPartialRollout || "
+            "(has(self.partialRollout) && self.partialRollout)",
+            "message": _MASK_NEEDS_PARTIAL,
+            "fieldPath": ".maskOffPolicyInPartialRollout",
         },
     )
 
@@ -103,6 +113,12 @@ class RolloutSpec(SpecModel):
         default=False,
         description="Keep the partial responses of groups aborted when a rollout has enough samples, and "
         "continue them in the next rollout. Default false.",
+    )
+    mask_off_policy_in_partial_rollout: bool = Field(
+        default=False,
+        description="With partialRollout: a continued response's tokens from earlier rollouts (older weights) get "
+        "loss mask 0, so only the tokens the current weights generate train (slime's "
+        "--mask-offpolicy-in-partial-rollout). Default false.",
     )
     custom_generate_function: Optional[CallablePath] = Field(
         default=None,
@@ -148,6 +164,8 @@ class RolloutSpec(SpecModel):
             violations.append(("topK", "topK must be -1 (disabled) or at least 1, got 0"))
         if self.engine == "builtin" and self.gpus_per_engine != 1:
             violations.append(("gpusPerEngine", _BUILTIN_ONE_GPU))
+        if self.mask_off_policy_in_partial_rollout and not self.partial_rollout:
+            violations.append(("maskOffPolicyInPartialRollout", _MASK_NEEDS_PARTIAL))
         for key in self.sglang_args:
             name = key.lstrip("-").replace("_", "-")
             name = _SGLANG_FLAG_ALIASES.get(name, name)

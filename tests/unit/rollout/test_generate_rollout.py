@@ -121,3 +121,28 @@ async def test_groups_cut_short_go_back_to_the_buffer_reset_and_pending(engine):
         for s in group:
             assert s.status == SampleStatus.PENDING and s.response_length == 0 and s.reward is None
             assert s.tokens == engine.tokenizer(s.prompt, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("mask_off_policy", [False, True])
+async def test_a_continued_partial_response_trains_only_its_new_tokens_when_off_policy_is_masked(engine, mask_off_policy):
+    """A group partial rollout handed back with two response tokens from an earlier rollout: the
+    engine continues it by one token (max 3); with maskOffPolicyInPartialRollout only that token
+    has loss mask 1 (slime's --mask-offpolicy-in-partial-rollout), without it all three do."""
+    source = _source(n=2)
+    get_groups, _ = _tokenizing(source, engine.tokenizer)
+    [group] = get_groups(1)
+    for s in group:
+        s.tokens = list(s.tokens) + [s.tokens[0], s.tokens[-1]]  # two tokens "generated" earlier
+        s.response_length, s.response = 2, "xx"
+        s.loss_mask, s.rollout_log_probs, s.weight_versions = [1, 1], [-0.5, -0.25], ["3"]
+        s.status = SampleStatus.ABORTED
+    source.add_samples([group])
+    result = await generate_rollout(
+        ctx=_context(engine, max_len=3), get_groups=get_groups, return_groups=source.add_samples,
+        reward_group=_reward, num_groups=1, partial_rollout=True, mask_off_policy=mask_off_policy,
+    )
+    [continued] = result.groups
+    for s in continued:
+        assert s.response_length == 3 and s.rollout_log_probs[:2] == [-0.5, -0.25]
+        assert s.loss_mask == ([0, 0, 1] if mask_off_policy else [1, 1, 1])
+        assert s.weight_versions[0] == "3"

@@ -377,6 +377,8 @@ CROSS_FIELD_CASES = [
     ({"model": {"preset": "tiny", "rolloutDtype": "fp8"}}, "spec.model.rolloutDtype", True),
     ({"training": {"numRollout": 5, "globalBatchSize": 128, "asyncBufferSize": 2}}, "spec.training.asyncBufferSize", True),
     ({"algorithm": {"advantageEstimator": "ppo"}}, "spec.algorithm.advantageEstimator", True),
+    ({"rollout": {"batchSize": 16, "maskOffPolicyInPartialRollout": True}}, "spec.rollout.maskOffPolicyInPartialRollout",
+     True),
 ]
 
 # Specs both sides accept: each backend with what it can do.
@@ -386,6 +388,7 @@ ACCEPTED_CASES = [
      "algorithm": {"advantageEstimator": "reinforce_plus_plus", "klCoef": 0.05}},
     {"data": {"promptData": "p.json", "applyChatTemplate": True, "chatTemplateKwargs": {"enable_thinking": False}}},
     {"parallelism": {"recompute": "full", "microBatchSize": 2, "dynamicBatchSize": False}},
+    {"rollout": {"batchSize": 16, "partialRollout": True, "maskOffPolicyInPartialRollout": True}},
     {"training": {"numRollout": 5, "globalBatchSize": 128, "backend": "torch", "mode": "sync", "asyncBufferSize": 1}},
     {"training": {"numRollout": 5, "mode": "async", "asyncBufferSize": 4}, "resources": {"placement": "separate"},
      "algorithm": {"tis": {"enabled": True, "level": "geometric", "mode": "mask", "clipLow": 0.99, "clip": 1.01},

@@ -266,6 +266,12 @@ BROKEN = [
         "less than or equal to 8",
     ),
     (
+        "off-policy-mask-without-partial-rollout",
+        {"spec.rollout.maskOffPolicyInPartialRollout": True},
+        "spec.rollout.maskOffPolicyInPartialRollout",
+        "maskOffPolicyInPartialRollout masks what partial rollout kept from an earlier rollout: set partialRollout: true",
+    ),
+    (
         "ppo-without-critic",
         {"spec.algorithm": {"advantageEstimator": "ppo"}},
         "spec.algorithm.advantageEstimator",
