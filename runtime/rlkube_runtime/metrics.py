@@ -120,6 +120,7 @@ class PrometheusExporter:
         if port is not None:
             server, _thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
             self.port = server.server_port
+            self.engines.start()
 
     def record(self, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
@@ -138,6 +139,9 @@ class PrometheusExporter:
     def watch_engines(self, urls: Sequence[str]) -> None:
         """Pass these engines' own series through (serving/engine_metrics.py)."""
         self.engines.watch(urls)
+
+    def close(self) -> None:
+        self.engines.stop()
 
 
 class MetricsLogger:
@@ -181,6 +185,7 @@ class MetricsLogger:
         self._stream.flush()
 
     def close(self) -> None:
+        self.prometheus.close()
         if self._tb is not None:
             self._tb.close()
         for tracker in self._trackers:

@@ -77,9 +77,9 @@ def _closed_port() -> int:
 
 
 def test_the_engines_own_series_pass_through_the_driver_labelled_with_job_and_engine(tmp_path):
-    """One engine serving SGLang-named series (a real prometheus_client endpoint), one gone: the
-    driver's endpoint carries the first's series with rljob and engine added, types kept, and says
-    which engine answered."""
+    """One engine serving SGLang-named series (a real prometheus_client endpoint), one gone: after a
+    fetch, the driver's endpoint carries the first's series with rljob and engine added, types
+    kept, and says which engine answered."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -91,6 +91,7 @@ def test_the_engines_own_series_pass_through_the_driver_labelled_with_job_and_en
     logger = MetricsLogger("demo", tmp_path, prometheus_port=0, tensorboard=False, stream=io.StringIO())
     try:
         logger.prometheus.watch_engines([f"http://{live}", f"http://{gone}"])
+        logger.prometheus.engines.refresh()  # what its thread does every few seconds
         body = urllib.request.urlopen(f"http://127.0.0.1:{logger.prometheus.port}/metrics", timeout=10).read().decode()
         families = {f.name: f for f in text_string_to_metric_families(body)}
         [running] = families["sglang:num_running_reqs"].samples
@@ -104,3 +105,35 @@ def test_the_engines_own_series_pass_through_the_driver_labelled_with_job_and_en
     finally:
         logger.close()
         server.shutdown()
+
+
+def test_a_scrape_of_the_driver_never_waits_on_an_engine():
+    """collect() serves the last fetch's answers: an engine that hangs holds up only the thread."""
+    import threading
+    import time
+
+    from rlkube_runtime.serving.engine_metrics import EngineMetricsScrape
+
+    release = threading.Event()
+
+    def hanging_fetch(url):
+        release.wait(10)
+        return "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 2\n"
+
+    scrape = EngineMetricsScrape("demo", fetch=hanging_fetch, interval_s=0.05)
+    scrape.watch(["http://10.0.0.9:30000"])
+    scrape.start()
+    try:
+        started = time.monotonic()
+        assert [f.name for f in scrape.collect()] == ["rlkube_engine_metrics_up"]  # nothing fetched yet
+        assert time.monotonic() - started < 1
+        release.set()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(list(scrape.collect())) < 2:
+            time.sleep(0.05)
+        [running, up] = list(scrape.collect())
+        assert running.samples[0].labels == {"rljob": "demo", "engine": "10.0.0.9:30000"}
+        assert running.samples[0].value == 2 and up.samples[0].value == 1
+    finally:
+        release.set()
+        scrape.stop()
