@@ -15,12 +15,15 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from rlkube_runtime.serving.engine_metrics import EngineMetricsScrape
 
@@ -118,7 +121,7 @@ class PrometheusExporter:
         self.registry.register(self.engines)
         self.port = None
         if port is not None:
-            server, _thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
+            server = serve_text_format(port, self.registry)
             self.port = server.server_port
             self.engines.start()
 
@@ -142,6 +145,26 @@ class PrometheusExporter:
 
     def close(self) -> None:
         self.engines.stop()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - one line per scrape is noise
+        pass
+
+
+def serve_text_format(port: int, registry: CollectorRegistry) -> ThreadingWSGIServer:
+    """/metrics on `port` in Prometheus' text format whatever the scraper asks for. prometheus_client
+    0.26 writes OpenMetrics sample names with ':' as '_' (its HELP and TYPE lines keep them), so a
+    Prometheus that negotiates OpenMetrics stored SGLang's `sglang:num_running_reqs` as
+    `sglang_num_running_reqs`; the text format keeps the names as they are."""
+    app = make_wsgi_app(registry)
+
+    def text_only(environ, start_response):
+        return app({**environ, "HTTP_ACCEPT": "text/plain"}, start_response)
+
+    server = make_server("0.0.0.0", port, text_only, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="rlkube-metrics-http", daemon=True).start()
+    return server
 
 
 class MetricsLogger:

@@ -125,4 +125,8 @@ def assert_every_query_returns_data(prom: Prometheus, queries: Iterable[tuple[st
                 pending.discard(item)
         if pending:
             time.sleep(1)
-    assert not pending, "dashboard queries without data:\n" + "\n".join(f"  {f} / {w}: {e}" for f, w, e in sorted(pending))
+    if pending:
+        targets = "\n".join(f"  {t['scrapeUrl']}: {t['health']} (last scrape {t.get('lastScrapeDuration', 0):.2f} s) "
+                            f"{t.get('lastError', '')}" for t in prom.targets())
+        raise AssertionError("dashboard queries without data:\n" + "\n".join(f"  {f} / {w}: {e}" for f, w, e in sorted(pending))
+                             + "\ntargets:\n" + targets)

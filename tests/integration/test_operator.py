@@ -270,8 +270,11 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
          "asyncBufferSize(2): only async mode (training.mode: async) generates ahead"),
         ("ppo", {"algorithm": {"advantageEstimator": "ppo"}}, "spec.algorithm.advantageEstimator",
          "ppo needs a critic (value) model"),
+        ("mask", {"rollout": {"maskOffPolicyInPartialRollout": True}}, "spec.rollout.maskOffPolicyInPartialRollout",
+         "maskOffPolicyInPartialRollout masks what partial rollout kept from an earlier rollout"),
     ],
-    ids=["torch-tensor-parallel", "megatron-replica-too-big", "fp8-rollouts", "async-buffer-2-in-sync-mode", "ppo"],
+    ids=["torch-tensor-parallel", "megatron-replica-too-big", "fp8-rollouts", "async-buffer-2-in-sync-mode", "ppo",
+         "off-policy-mask-without-partial-rollout"],
 )
 def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_path, name, spec, field, message):
     """The CRD's CEL rules for spec/backend_rules.py and the unimplemented fields, in the real API
@@ -290,8 +293,9 @@ def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_p
         {"training": {"numRollout": 3, "refUpdateInterval": 2}, "algorithm": {"useKlLoss": True, "klLossCoef": 0.01}},
         {"checkpoint": {"hfExportInterval": 2}},
         {"placement": "separate", "training": {"numRollout": 3, "mode": "async", "asyncBufferSize": 4}},
+        {"rollout": {"partialRollout": True, "maskOffPolicyInPartialRollout": True}},
     ],
-    ids=["chat-template-kwargs", "ref-update-interval", "hf-export-interval", "async-buffer-4"],
+    ids=["chat-template-kwargs", "ref-update-interval", "hf-export-interval", "async-buffer-4", "off-policy-mask"],
 )
 def test_the_api_server_accepts_the_switches_the_runtime_honours(crd_installed, ns, spec):
     """Their CEL rules compile in the real API server and pass a spec that uses them (a rule the

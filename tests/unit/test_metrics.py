@@ -92,7 +92,11 @@ def test_the_engines_own_series_pass_through_the_driver_labelled_with_job_and_en
     try:
         logger.prometheus.watch_engines([f"http://{live}", f"http://{gone}"])
         logger.prometheus.engines.refresh()  # what its thread does every few seconds
-        body = urllib.request.urlopen(f"http://127.0.0.1:{logger.prometheus.port}/metrics", timeout=10).read().decode()
+        # Asked as Prometheus asks (OpenMetrics first), the names keep their colons: the text format.
+        request = urllib.request.Request(f"http://127.0.0.1:{logger.prometheus.port}/metrics", headers={
+            "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"})
+        body = urllib.request.urlopen(request, timeout=10).read().decode()
+        assert f'sglang:num_running_reqs{{engine="{live}"' in body
         families = {f.name: f for f in text_string_to_metric_families(body)}
         [running] = families["sglang:num_running_reqs"].samples
         assert running.labels == {"model_name": "qwen", "rljob": "demo", "engine": live} and running.value == 3
