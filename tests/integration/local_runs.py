@@ -107,6 +107,19 @@ def start_run(job: Path, out: Path, env: dict[str, str] | None = None, args: Seq
     return LocalRun(job, out, env, args, prefix)
 
 
+def stop_run_after(job: Path, out: Path, rollouts: int) -> LocalRun:
+    """Start the run, SIGTERM it once `rollouts` are logged, and check it exits 143 (stopped, saved)."""
+    run = start_run(job, out)
+    try:
+        run.wait_until(lambda: len(read_jsonl(out / "metrics.jsonl")) >= rollouts, f"{rollouts} rollouts logged",
+                       timeout_s=240)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait(timeout_s=120) == 143, run.output[-4000:]
+    finally:
+        run.kill()
+    return run
+
+
 # The run's own processes: the driver, its actors and the engines (not Ray's agents and daemons).
 _RUN_PROCESS_MARKERS = ("rlkube_runtime", "ray::RolloutManager", "ray::TrainerWorker", "ray::EngineActor")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -3,13 +3,12 @@ and the block `rlkube run` ends with: real local runs of the embedded default, s
 
 from __future__ import annotations
 
-import signal
 import statistics
 from pathlib import Path
 
 import pytest
 import torch
-from local_runs import read_jsonl, start_run, write_local_tiny
+from local_runs import read_jsonl, start_run, stop_run_after, write_local_tiny
 from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.slow]
@@ -124,13 +123,7 @@ def test_a_normal_run_dumps_a_bounded_sample_of_whole_groups_exports_at_its_inte
 def test_a_run_stopped_by_sigterm_ends_with_a_summary_naming_the_command_that_resumes_it(tmp_path):
     job = write_local_tiny(tmp_path, "stop", **{"spec.training.numRollout": 40, "spec.checkpoint.interval": 100})
     out = tmp_path / "out"
-    run = start_run(job, out)
-    try:
-        run.wait_until(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 3, "3 rollouts logged", timeout_s=240)
-        run.proc.send_signal(signal.SIGTERM)
-        assert run.wait(timeout_s=120) == 143, run.output[-4000:]
-    finally:
-        run.kill()
+    run = stop_run_after(job, out, rollouts=3)
     # The checkpoint written on the way out covers every trained rollout.
     saved = int(sorted((out / "checkpoints").glob("rollout_*"))[-1].name.removeprefix("rollout_"))
     trained = len(read_jsonl(out / "metrics.jsonl"))

@@ -7,13 +7,12 @@ suite's (tests/chaos/test_chaos_local.py), which compares each with one uninterr
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from local_runs import read_jsonl, start_run, write_local_tiny
+from local_runs import read_jsonl, start_run, stop_run_after, write_local_tiny
 
 pytestmark = [pytest.mark.slow]
 
@@ -139,13 +138,7 @@ def test_a_deep_async_run_stopped_with_rollouts_buffered_resumes_without_skippin
            "spec.resources.placement": "separate", "spec.checkpoint.interval": 100},
     )
     out = tmp_path / "out"
-    run = start_run(job, out)
-    try:
-        run.wait_until(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 3, "3 rollouts logged", timeout_s=240)
-        run.proc.send_signal(signal.SIGTERM)
-        assert run.wait(timeout_s=120) == 143, run.output[-4000:]
-    finally:
-        run.kill()
+    stop_run_after(job, out, rollouts=3)
     stopped_after = len(read_jsonl(out / "samples.jsonl"))
     assert stopped_after < rollouts
     returncode, output = _run(job, out)
