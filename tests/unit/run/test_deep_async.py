@@ -69,8 +69,9 @@ class _Recorder:
 def _loop_events(mode: str, buffer: int, num_rollout: int = 6) -> list[tuple[str, int]]:
     side = _Recorder()
     training = SimpleNamespace(num_rollout=num_rollout, mode=mode, async_buffer_size=buffer)
+    rollout = SimpleNamespace(mask_off_policy_in_partial_rollout=False)
     plan = SimpleNamespace(
-        spec=SimpleNamespace(training=training), trains=True,
+        spec=SimpleNamespace(training=training, rollout=rollout), trains=True,
         eval_due=lambda k: False, sync_due=lambda k: True, hf_export_due=lambda k: False, save_due=lambda k: False,
     )
     job = SimpleNamespace(plan=plan, rollouts=side, trainers=side, handoff=side, report=side)
@@ -166,3 +167,5 @@ def test_staleness_counts_the_syncs_between_a_samples_oldest_version_and_the_tra
         "rollout/staleness/share_2": 0.5,
         "rollout/staleness/share_5": 0.25,
     }
+    # With the older tokens masked out of the loss, what trains of the spanning sample is version 4's.
+    assert staleness_metrics(samples, trained_at=5, only_newest_trains=True)["rollout/staleness/mean"] == (5 + 2 + 1 + 0) / 4
