@@ -195,7 +195,7 @@ class RolloutManager:
         return self.engines.take_restarts()
 
     async def engine_urls(self) -> list[str]:
-        """Where the engines serve now (restarts move them): the driver scrapes their /metrics."""
+        """Where the engines serve now (a restart moves one): the driver fetches their /metrics."""
         return self.engines.urls
 
     # -- data position --------------------------------------------------------------------

@@ -60,19 +60,16 @@ class EngineMetricsScrape:
         self._thread: threading.Thread | None = None
 
     def watch(self, urls: Sequence[str]) -> None:
-        """The engines to fetch from now on (replaces the last list; restarts move engines)."""
+        """The engines to fetch from now on (replaces the last list; restarts move engines); collect()
+        shows only these, so an engine no longer watched goes from the next scrape."""
         self._urls = tuple(urls)
-        self._answers = {url: text for url, text in self._answers.items() if url in self._urls}
 
     def refresh(self) -> None:
         urls = self._urls
         if not urls:
             return
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(urls), 16)) as pool:
-            texts = list(pool.map(self._fetch_or_none, urls))
-        watched = self._urls  # watch() may have moved on meanwhile: keep only what is still watched
-        self._answers = {**{u: t for u, t in self._answers.items() if u in watched},
-                         **{u: t for u, t in zip(urls, texts) if u in watched}}
+            self._answers = dict(zip(urls, pool.map(self._fetch_or_none, urls)))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="rlkube-engine-metrics", daemon=True)
