@@ -34,7 +34,8 @@ def test_a_stamp_of_another_key_holds_nothing():
 
 
 class _FakeInstaller:
-    """Records what ensure() runs; `python -m venv` makes the bin/python it expects."""
+    """Records what ensure() runs; `python -m venv` makes the bin/python it expects, pip's install
+    of uv the bin/uv."""
 
     def __init__(self):
         self.commands: list[list[str]] = []
@@ -45,6 +46,8 @@ class _FakeInstaller:
             python = Path(argv[3]) / "bin" / "python"
             python.parent.mkdir(parents=True)
             python.write_text("")
+        if argv[-1] == venv_script.UV:
+            (Path(argv[0]).parent / "uv").write_text("")
 
 
 @pytest.fixture
@@ -59,7 +62,11 @@ def test_a_fresh_venv_is_made_then_reused_and_dev_covers_run(tmp_path, installer
     assert venv_script.ensure("dev", venv) == venv / "bin" / "python"
     made = installer.commands
     assert made[0] == [sys.executable, "-m", "venv", str(venv)]
-    assert made[1][-2:] == ["-e", ".[dev]"] and made[2][-2:] == ["--no-deps", "sglang==0.5.8"]
+    assert made[1] == [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                       venv_script.UV]  # uv installs the rest, into this venv
+    uv_install = [str(venv / "bin" / "uv"), "pip", "install", "--python", str(venv / "bin" / "python"), "--quiet"]
+    assert made[2] == [*uv_install, "-e", ".[dev]"] and made[3] == [*uv_install, "--no-deps", "sglang==0.5.8"]
+    assert len(made) == 4
     assert json.loads((venv / "rlkube-deps.json").read_text())["targets"] == ["dev"]
 
     installer.commands.clear()
