@@ -11,13 +11,22 @@ else the line asks for, as in the image (installing torch itself again took most
 195 s); the `sglang` extra is left out: its declared dependencies pin a CUDA torch build that the base
 image already provides (the pinned SGLang's flags are checked by
 tests/unit/engine/test_sglang_conformance.py).
+
+The installed environment is kept between runs (~/.cache/rlkube/trainer-pip/<key>), as Docker
+keeps the image's dependency layers: the key is everything those layers are made from (the
+Dockerfile, pyproject.toml, the pins, the extras, the interpreter, the base's torch), so a changed
+dependency installs everything again from nothing. A kept one gets the code layer only, as the
+Dockerfile's last `pip install --no-deps --force-reinstall .` does, before the same checks (the
+full install took 160 s of a warm `make test`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -79,28 +88,56 @@ def _pip_line(dockerfile: str) -> tuple[str | None, list[str]]:
     return constraint or None, extras.split(",")
 
 
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rlkube" / "trainer-pip"
+COMPLETE = "rlkube-install-complete"  # written last: an entry without it was cut short
+
+
+def install_key(dockerfile: str, constraint: str | None, extras: list[str]) -> str:
+    """What the image's dependency layers are made from; any change means a new install."""
+    digest = hashlib.sha256()
+    for part in ((REPO / dockerfile).read_text(), (REPO / "pyproject.toml").read_text(),
+                 (REPO / "images" / constraint).read_text() if constraint else "", ",".join(extras),
+                 sys.version, importlib.metadata.version("torch")):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _pip(python: str, *args: str, constraint: str | None = None) -> None:
+    install = subprocess.run(
+        # --no-compile: what is installed is the same; byte-compiling every installed file (most
+        # of them never imported here) was a large part of this test's time on two cores.
+        [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-compile", "-q", *args],
+        capture_output=True, text=True, timeout=1500,
+        env={**os.environ, **({"PIP_CONSTRAINT": str(REPO / "images" / constraint)} if constraint else {})},
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+
+
 @pytest.mark.parametrize("dockerfile", sorted(IMAGES))
 def test_the_images_pip_line_installs_what_its_pods_import(dockerfile, tmp_path):
     sees_base, modules = IMAGES[dockerfile]
     constraint, extras = _pip_line(dockerfile)
     extras = [e for e in extras if e not in LEFT_OUT_EXTRAS]
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    entry = CACHE / install_key(dockerfile, constraint, extras)
+    for other in CACHE.glob("*") if CACHE.is_dir() else ():
+        if other != entry or not (other / COMPLETE).exists():
+            shutil.rmtree(other)  # another key's, or one cut short: only one complete install is kept
+    env_dir = entry / "venv"
     python = str(env_dir / "bin" / "python")
-    if sees_base:
+    kept = env_dir.is_dir()
+    if not kept:
+        venv.EnvBuilder(with_pip=True).create(env_dir)
+    if sees_base:  # the links point into this checkout's venv: made again every time
+        shutil.rmtree(entry / "base", ignore_errors=True)
         venv_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    capture_output=True, text=True, check=True).stdout.strip()
-        Path(venv_site, "torch-base.pth").write_text(f"{torch_base(tmp_path / 'base')}\n")
-
-    install = subprocess.run(
-        # --no-compile: what is installed is the same; byte-compiling every installed file (most
-        # of them never imported here) was a large part of this test's time on two cores.
-        [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-compile", "-q",
-         f"{REPO}[{','.join(extras)}]"],
-        capture_output=True, text=True, timeout=1500,
-        env={**os.environ, **({"PIP_CONSTRAINT": str(REPO / "images" / constraint)} if constraint else {})},
-    )
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+        Path(venv_site, "torch-base.pth").write_text(f"{torch_base(entry / 'base')}\n")
+    if kept:
+        _pip(python, "--no-deps", "--force-reinstall", str(REPO))
+    else:
+        _pip(python, f"{REPO}[{','.join(extras)}]", constraint=constraint)
+        (entry / COMPLETE).write_text(f"{dockerfile} [{','.join(extras)}]\n")
 
     # Imported from the venv's copy, not this checkout: run from a directory outside the repo.
     check = subprocess.run(
