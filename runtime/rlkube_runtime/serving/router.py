@@ -28,7 +28,7 @@ from rlkube_runtime.serving.sglang_args import ArgValue, cli_flags
 
 
 class RouterProcess:
-    """The real sglang-router (`python -m sglang_router.launch_router`) and its worker API."""
+    """The real sglang-router (its Rust router, started by serving/router_main.py) and its worker API."""
 
     def __init__(
         self,
@@ -58,7 +58,7 @@ class RouterProcess:
         self._process: ManagedProcess | None = None
 
     def command(self) -> list[str]:
-        command = [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(self.port),
+        command = [sys.executable, "-m", "rlkube_runtime.serving.router_main", "--host", self.host, "--port", str(self.port),
                    "--prometheus-port", str(self.prometheus_port), "--prometheus-host", self.host]
         if self.initial_workers:
             command += ["--worker-urls", *self.initial_workers]

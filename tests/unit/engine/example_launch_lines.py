@@ -82,7 +82,7 @@ def router_lines(tmp_dir: str) -> list[tuple[str, list[str], list[str]]]:
         router = RouterProcess(worker_urls=urls, log_dir=tmp_dir, model_path=tmp_dir,  # an existing (local) path
                                router_args=dict(job.spec.rollout.router_args), port=8000, prometheus_port=29000)
         command = router.command()
-        assert command[1:3] == ["-m", "sglang_router.launch_router"], command
+        assert command[1:3] == ["-m", "rlkube_runtime.serving.router_main"], command
         lines.append((job.metadata.name, command[3:], urls))
     return lines
 

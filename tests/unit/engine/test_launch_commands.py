@@ -47,7 +47,7 @@ def test_router_command_lists_workers_ports_and_only_local_model_paths(tmp_path)
     router = RouterProcess(["http://a:1", "http://b:2"], log_dir=str(tmp_path), model_path=str(tmp_path), port=30000,
                            prometheus_port=29000, router_args={"policy": "round_robin", "disable_retries": True})
     command = " ".join(router.command())
-    assert "-m sglang_router.launch_router" in command
+    assert "-m rlkube_runtime.serving.router_main" in command
     for part in ["--port 30000", "--prometheus-port 29000", "--worker-urls http://a:1 http://b:2",
                  f"--model-path {tmp_path}", "--policy round_robin", "--disable-retries"]:
         assert part in command

@@ -134,6 +134,19 @@ def test_every_example_router_line_is_accepted_by_sglang_routers_own_parser(tmp_
         _parse_router(["--port", "eighty"])
 
 
+def test_rlkubes_router_launcher_reads_every_example_line_as_sglang_routers_own_launcher_does(tmp_path, capsys):
+    """serving/router_main.py skips the upstream launcher's import of SGLang, not its parsing."""
+    from sglang_router.launch_router import parse_router_args as upstream
+
+    from rlkube_runtime.serving.router_main import parse_router_args
+
+    for job, argv, _ in router_lines(str(tmp_path)):
+        assert parse_router_args(argv) == upstream(argv), job
+    with pytest.raises(SystemExit):
+        parse_router_args(["--port", "8000", "--mini-lb"])
+    assert "remove mini-lb from spec.rollout.routerArgs" in capsys.readouterr().err
+
+
 def test_readme_shows_the_launch_lines_the_function_builds():
     block = readme_block()
     assert block in README.read_text(), (
