@@ -26,6 +26,7 @@ from rlkube_runtime.rollout.generate import (
     SamplingConfig,
     generate_rollout,
     generate_sample,
+    restart_stale_partials,
 )
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.spec.base import builtin_filter_name
@@ -47,6 +48,7 @@ class RolloutManager:
         self._data_states: dict[int, dict[str, Any]] = {}
         self._turns = GenerationTurns()  # rollouts one at a time, in order; syncs between them
         self._reward_client = None  # a RemoteRewardClient when reward.url is set
+        self._stale_restarted = 0  # this rollout's partial responses discarded by rollout.maxStaleness
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -116,6 +118,7 @@ class RolloutManager:
         # flight or waiting (async mode) resumes by generating it again from the same prompts.
         self._data_states[rollout_id] = self.source.state_dict()
         self.engines.generating = rollout_id
+        self._stale_restarted = 0
         # A checkpoint after rollout k asks for k+1's, and up to asyncBufferSize rollouts after k
         # may have started by then.
         oldest_asked = rollout_id - self.spec.training.async_buffer_size - 1
@@ -138,6 +141,8 @@ class RolloutManager:
         samples = [s for group in result.groups for s in group]
         for s in samples:
             s.rollout_id = rollout_id
+        if rollout.max_staleness is not None:
+            result.metrics["rollout/partial/stale_restarted"] = float(self._stale_restarted)
         return [s.to_dict() for s in samples], result.metrics
 
     async def evaluate(self, rollout_id: int) -> dict[str, float]:
@@ -223,6 +228,10 @@ class RolloutManager:
 
     def _draw_groups(self, num_groups: int) -> list[list[Sample]]:
         groups = self.source.get_samples(num_groups)
+        bound = self.spec.rollout.max_staleness
+        if bound is not None:  # before tokenizing: a discarded response leaves its prompt's tokens
+            self._stale_restarted += restart_stale_partials(groups, trained_at=self.engines.generating,
+                                                            max_staleness=bound)
         self._tokenize([s for g in groups for s in g])
         return groups
 

@@ -126,3 +126,8 @@ class Sample:
                     f"Sample.from_dict: status {values['status']!r} is not one of {allowed}."
                 ) from None
         return cls(**values)
+
+
+def weight_version_number(version: str) -> int:
+    """An engine's weight version as a number: its initial weights ("default") are version 0."""
+    return 0 if version == "default" else int(version)

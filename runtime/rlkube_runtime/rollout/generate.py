@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
-from rlkube_runtime.data.sample import Sample, SampleStatus
+from rlkube_runtime.data.sample import Sample, SampleStatus, weight_version_number
 
 # POST /generate with a SGLang request body, returning the SGLang response body.
 GenerateCall = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -240,16 +240,36 @@ def _reset_for_retry(group: list[Sample], keep_partial: bool) -> list[Sample]:
         s = copy.deepcopy(sample)
         s.reward = None
         if not keep_partial or s.status not in (SampleStatus.ABORTED, SampleStatus.PENDING):
-            prompt_len = len(s.tokens) - s.response_length
-            s.tokens = list(s.tokens[:prompt_len])
-            s.response = ""
-            s.response_length = 0
-            s.loss_mask = None
-            s.rollout_log_probs = None
-            s.weight_versions = []
+            discard_response(s)
         s.status = SampleStatus.PENDING
         reset.append(s)
     return reset
+
+
+def discard_response(sample: Sample) -> None:
+    """Back to its prompt alone: whatever was generated for it goes, so it is generated again."""
+    prompt_len = len(sample.tokens) - sample.response_length
+    sample.tokens = list(sample.tokens[:prompt_len])
+    sample.response = ""
+    sample.response_length = 0
+    sample.loss_mask = None
+    sample.rollout_log_probs = None
+    sample.weight_versions = []
+
+
+def restart_stale_partials(groups: Sequence[list[Sample]], *, trained_at: int, max_staleness: int) -> int:
+    """Partial responses kept from weights more than `max_staleness` syncs older than the policy
+    that will train on them (rollout `trained_at`: version `trained_at`; run/loop.py's
+    staleness_metrics measures the same way, by a sample's oldest version) are discarded, so those
+    samples generate again from their prompts. Returns how many were restarted."""
+    restarted = 0
+    for group in groups:
+        for s in group:
+            if s.response_length and s.weight_versions and \
+                    trained_at - min(weight_version_number(v) for v in s.weight_versions) > max_staleness:
+                discard_response(s)
+                restarted += 1
+    return restarted
 
 
 def rollout_metrics(groups: Sequence[list[Sample]], seconds: float, rejected: int, handed_back: int) -> dict[str, float]:

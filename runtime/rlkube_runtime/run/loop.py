@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from rlkube_runtime.data.sample import weight_version_number
 from rlkube_runtime.run import checkpoints
 from rlkube_runtime.run.cluster import Job, init_ray, start_job
 from rlkube_runtime.run.plan import RunPlan
@@ -115,7 +116,7 @@ def staleness_metrics(samples, *, trained_at: int, only_newest_trains: bool = Fa
     initial weights are version 0; a sample that names no version is not counted). Sync mode: 0
     with a sync after every rollout; async mode: up to asyncBufferSize."""
     pick = max if only_newest_trains else min
-    behind = [trained_at - pick(_version_number(v) for v in s["weight_versions"])
+    behind = [trained_at - pick(weight_version_number(v) for v in s["weight_versions"])
               for s in samples if s.get("weight_versions")]  # a custom generate may not say
     if not behind:
         return {}
@@ -123,10 +124,6 @@ def staleness_metrics(samples, *, trained_at: int, only_newest_trains: bool = Fa
     for lag in sorted(set(behind)):
         metrics[f"rollout/staleness/share_{lag}"] = behind.count(lag) / len(behind)
     return metrics
-
-
-def _version_number(version: str) -> int:
-    return 0 if version == "default" else int(version)
 
 
 def train_on_dumps(job: Job, stop: StopRequest) -> None:

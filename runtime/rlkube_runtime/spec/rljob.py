@@ -77,6 +77,17 @@ REF_UPDATE_RULE = {
     "messageExpression": f"'{_REF_UPDATE_NEEDS_KL}'.format([self.training.refUpdateInterval])",
     "fieldPath": ".training.refUpdateInterval",
 }
+_STALENESS_BELOW_BUFFER = (
+    "rollout.maxStaleness(%d) is below training.asyncBufferSize(%d): in async mode a rollout may start that many "
+    "syncs behind the policy that trains on it, so even what the newest weights generated would count as stale; "
+    "set maxStaleness to at least asyncBufferSize"
+)
+STALENESS_BUFFER_RULE = {
+    "rule": "!has(self.rollout.maxStaleness) || self.training.mode != 'async' || "
+    "self.rollout.maxStaleness >= self.training.asyncBufferSize",
+    "messageExpression": f"'{_STALENESS_BELOW_BUFFER}'.format([self.rollout.maxStaleness, self.training.asyncBufferSize])",
+    "fieldPath": ".rollout.maxStaleness",
+}
 ASYNC_PLACEMENT_RULE = {
     "rule": "self.training.mode != 'async' || !has(self.resources) || self.resources.placement != 'colocated'",
     "message": _ASYNC_COLOCATED,
@@ -92,7 +103,7 @@ class RLJobSpec(SpecModel):
     """
 
     model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE,
-                             REF_UPDATE_RULE, *BACKEND_RULES)
+                             REF_UPDATE_RULE, STALENESS_BUFFER_RULE, *BACKEND_RULES)
 
     model: ModelSpec = Field(
         description="Policy model: starting weights, checkpoint directories, precision. Required; fixed after creation.",
@@ -164,6 +175,9 @@ class RLJobSpec(SpecModel):
         every = self.training.ref_update_interval
         if every is not None and not self.algorithm.needs_reference_model:
             violations.append(("training.refUpdateInterval", _REF_UPDATE_NEEDS_KL % every))
+        bound, ahead = self.rollout.max_staleness, self.training.async_buffer_size
+        if bound is not None and self.training.mode == "async" and bound < ahead:
+            violations.append(("rollout.maxStaleness", _STALENESS_BELOW_BUFFER % (bound, ahead)))
         violations += backend_violations(self)
         if violations:
             raise cross_field_error(violations)

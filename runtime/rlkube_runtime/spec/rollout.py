@@ -36,6 +36,10 @@ _MASK_NEEDS_PARTIAL = (
     "maskOffPolicyInPartialRollout masks what partial rollout kept from an earlier rollout: set partialRollout: true, "
     "or leave it false"
 )
+_STALENESS_NEEDS_PARTIAL = (
+    "maxStaleness bounds how old a response partial rollout keeps may be: set partialRollout: true, or remove "
+    "maxStaleness (without partial rollout no response outlives its rollout)"
+)
 _BUILTIN_ONE_GPU = (
     "the built-in engine runs on one device, so gpusPerEngine must be 1 with engine builtin; use engine: sglang "
     "for tensor-parallel engines"
@@ -73,6 +77,11 @@ class RolloutSpec(SpecModel):
             "(has(self.partialRollout) && self.partialRollout)",
             "message": _MASK_NEEDS_PARTIAL,
             "fieldPath": ".maskOffPolicyInPartialRollout",
+        },
+        {
+            "rule": "!has(self.maxStaleness) || (has(self.partialRollout) && self.partialRollout)",
+            "message": _STALENESS_NEEDS_PARTIAL,
+            "fieldPath": ".maxStaleness",
         },
     )
 
@@ -120,6 +129,15 @@ class RolloutSpec(SpecModel):
         "loss mask 0, so only the tokens the current weights generate train (slime's "
         "--mask-offpolicy-in-partial-rollout). Default false.",
     )
+    max_staleness: Optional[int] = Field(
+        default=None,
+        ge=0,
+        description="With partialRollout: the most weight syncs a kept partial response may lag the policy that "
+        "trains on it, counted by its oldest tokens as rollout/staleness/* counts; an older one is discarded when "
+        "its group is drawn again and its samples generate afresh from their prompts (rollout/partial/stale_restarted "
+        "counts them). In async mode at least training.asyncBufferSize. Default: unset (no bound: a response aborted "
+        "rollout after rollout is kept however old).",
+    )
     custom_generate_function: Optional[CallablePath] = Field(
         default=None,
         description="Custom generation 'package.module:function' (async) replacing the single-turn default, "
@@ -166,6 +184,8 @@ class RolloutSpec(SpecModel):
             violations.append(("gpusPerEngine", _BUILTIN_ONE_GPU))
         if self.mask_off_policy_in_partial_rollout and not self.partial_rollout:
             violations.append(("maskOffPolicyInPartialRollout", _MASK_NEEDS_PARTIAL))
+        if self.max_staleness is not None and not self.partial_rollout:
+            violations.append(("maxStaleness", _STALENESS_NEEDS_PARTIAL))
         for key in self.sglang_args:
             name = key.lstrip("-").replace("_", "-")
             name = _SGLANG_FLAG_ALIASES.get(name, name)

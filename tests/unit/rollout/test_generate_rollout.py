@@ -10,7 +10,8 @@ from rlkube_runtime.data.sample import SampleStatus
 from rlkube_runtime.data.source import PromptSource
 from rlkube_runtime.engine.engine import Engine, EngineConfig
 from rlkube_runtime.rewards.hub import compute_rewards
-from rlkube_runtime.rollout.generate import GenerateContext, SamplingConfig, generate_rollout
+from rlkube_runtime.data.sample import Sample
+from rlkube_runtime.rollout.generate import GenerateContext, SamplingConfig, generate_rollout, restart_stale_partials
 from rlkube_runtime.tiny.model import build_tiny_checkpoint
 from rlkube_runtime.tiny.task import get_task
 
@@ -146,3 +147,57 @@ async def test_a_continued_partial_response_trains_only_its_new_tokens_when_off_
         assert s.response_length == 3 and s.rollout_log_probs[:2] == [-0.5, -0.25]
         assert s.loss_mask == ([0, 0, 1] if mask_off_policy else [1, 1, 1])
         assert s.weight_versions[0] == "3"
+
+
+def _kept(versions: list[str], prompt=(5, 6)) -> Sample:
+    """A sample partial rollout kept: prompt tokens, then one response token per version."""
+    return Sample(prompt="p", tokens=[*prompt, *(9 for _ in versions)], response="x" * len(versions),
+                  response_length=len(versions), loss_mask=[1] * len(versions),
+                  rollout_log_probs=[-0.5] * len(versions), weight_versions=list(versions), status=SampleStatus.PENDING)
+
+
+def test_rollout_max_staleness_restarts_only_responses_older_than_the_bound_by_their_oldest_tokens():
+    # Trained by rollout 5 (version 5), bound 2: versions 3 and newer may stay.
+    fresh, edge, old, spanning, initial = _kept(["4"]), _kept(["3"]), _kept(["2"]), _kept(["2", "4"]), _kept(["default"])
+    unstarted = Sample(prompt="p", tokens=[5, 6])
+    restarted = restart_stale_partials([[fresh, edge], [old, spanning], [initial, unstarted]], trained_at=5, max_staleness=2)
+    assert restarted == 3  # old (3 behind), spanning (its oldest token 3 behind), initial (version 0: 5 behind)
+    for s in (fresh, edge):
+        assert s.response_length == 1 and s.tokens == [5, 6, 9] and s.weight_versions
+    for s in (old, spanning, initial):
+        assert (s.tokens, s.response, s.response_length, s.loss_mask, s.rollout_log_probs, s.weight_versions) == \
+            ([5, 6], "", 0, None, None, [])
+    assert unstarted.tokens == [5, 6]
+    assert restart_stale_partials([[_kept(["default"])]], trained_at=0, max_staleness=0) == 0
+
+
+async def test_a_partial_response_past_rollout_max_staleness_is_generated_again_from_its_prompt(engine):
+    """The rollout manager's draw with rollout.maxStaleness 2: groups drawn for rollout 6 lose the
+    responses kept from version 1 (5 syncs behind) and generate from their prompts, counted."""
+    import types
+
+    from rlkube_runtime.actors.rollout_manager import RolloutManager
+
+    source = _source(n=2)
+    manager = RolloutManager.__new__(RolloutManager)  # its draw alone: no engines, no Ray
+    manager.spec = types.SimpleNamespace(rollout=types.SimpleNamespace(max_staleness=2))
+    manager.source, manager.tokenizer, manager._stale_restarted = source, engine.tokenizer, 0
+    manager.engines = types.SimpleNamespace(generating=6)
+    [group] = manager._draw_groups(1)
+    prompt_tokens = [list(s.tokens) for s in group]
+    for s in group:
+        s.tokens = list(s.tokens) + [s.tokens[0], s.tokens[-1]]
+        s.response_length, s.response = 2, "xx"
+        s.loss_mask, s.rollout_log_probs, s.weight_versions = [1, 1], [-0.5, -0.25], ["1"]
+        s.status = SampleStatus.ABORTED
+    source.add_samples([group])
+
+    result = await generate_rollout(
+        ctx=_context(engine, max_len=3), get_groups=manager._draw_groups, return_groups=source.add_samples,
+        reward_group=_reward, num_groups=1, partial_rollout=True,
+    )
+    [regenerated] = result.groups
+    assert manager._stale_restarted == len(group)
+    for s, prompt in zip(regenerated, prompt_tokens):
+        assert s.tokens[:len(prompt)] == prompt and len(s.tokens) == len(prompt) + s.response_length
+        assert s.rollout_log_probs[:2] != [-0.5, -0.25] and "1" not in s.weight_versions

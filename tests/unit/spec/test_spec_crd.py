@@ -25,6 +25,7 @@ from rlkube_runtime.spec.rljob import (
     BATCH_EQUATION_RULE,
     ENGINE_GPUS_RULE,
     REF_UPDATE_RULE,
+    STALENESS_BUFFER_RULE,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -115,6 +116,7 @@ def _rules_at(dotted: str) -> list[dict[str, str]]:
 def test_crd_carries_every_cross_field_rule():
     assert _rules_at("spec") == [
         BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE, REF_UPDATE_RULE,
+        STALENESS_BUFFER_RULE,
         *BACKEND_RULES,
     ]
     assert BATCH_EQUATION_RULE["rule"].startswith("!has(self.training.globalBatchSize) || ")
@@ -379,6 +381,10 @@ CROSS_FIELD_CASES = [
     ({"algorithm": {"advantageEstimator": "ppo"}}, "spec.algorithm.advantageEstimator", True),
     ({"rollout": {"batchSize": 16, "maskOffPolicyInPartialRollout": True}}, "spec.rollout.maskOffPolicyInPartialRollout",
      True),
+    ({"rollout": {"batchSize": 16, "maxStaleness": 2}}, "spec.rollout.maxStaleness", True),
+    ({"rollout": {"batchSize": 16, "partialRollout": True, "maxStaleness": 1},
+      "training": {"numRollout": 5, "mode": "async", "asyncBufferSize": 2}, "resources": {"placement": "separate"}},
+     "spec.rollout.maxStaleness", True),
 ]
 
 # Specs both sides accept: each backend with what it can do.
@@ -389,6 +395,9 @@ ACCEPTED_CASES = [
     {"data": {"promptData": "p.json", "applyChatTemplate": True, "chatTemplateKwargs": {"enable_thinking": False}}},
     {"parallelism": {"recompute": "full", "microBatchSize": 2, "dynamicBatchSize": False}},
     {"rollout": {"batchSize": 16, "partialRollout": True, "maskOffPolicyInPartialRollout": True}},
+    {"rollout": {"batchSize": 16, "partialRollout": True, "maxStaleness": 0}},
+    {"rollout": {"batchSize": 16, "partialRollout": True, "maxStaleness": 2},
+     "training": {"numRollout": 5, "mode": "async", "asyncBufferSize": 2}, "resources": {"placement": "separate"}},
     {"training": {"numRollout": 5, "globalBatchSize": 128, "backend": "torch", "mode": "sync", "asyncBufferSize": 1}},
     {"training": {"numRollout": 5, "mode": "async", "asyncBufferSize": 4}, "resources": {"placement": "separate"},
      "algorithm": {"tis": {"enabled": True, "level": "geometric", "mode": "mask", "clipLow": 0.99, "clip": 1.01},

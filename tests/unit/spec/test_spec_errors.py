@@ -272,6 +272,19 @@ BROKEN = [
         "maskOffPolicyInPartialRollout masks what partial rollout kept from an earlier rollout: set partialRollout: true",
     ),
     (
+        "max-staleness-without-partial-rollout",
+        {"spec.rollout.maxStaleness": 2},
+        "spec.rollout.maxStaleness",
+        "maxStaleness bounds how old a response partial rollout keeps may be: set partialRollout: true",
+    ),
+    (
+        "max-staleness-below-the-async-buffer",
+        {"spec.rollout.maxStaleness": 1, "spec.rollout.partialRollout": True, "spec.training.mode": "async",
+         "spec.training.asyncBufferSize": 3, "spec.resources.placement": "separate"},
+        "spec.rollout.maxStaleness",
+        "rollout.maxStaleness(1) is below training.asyncBufferSize(3)",
+    ),
+    (
         "ppo-without-critic",
         {"spec.algorithm": {"advantageEstimator": "ppo"}},
         "spec.algorithm.advantageEstimator",
