@@ -64,7 +64,8 @@ def test_a_fresh_venv_is_made_then_reused_and_dev_covers_run(tmp_path, installer
     assert made[0] == [sys.executable, "-m", "venv", str(venv)]
     assert made[1] == [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q",
                        venv_script.UV]  # uv installs the rest, into this venv
-    uv_install = [str(venv / "bin" / "uv"), "pip", "install", "--python", str(venv / "bin" / "python"), "--quiet"]
+    uv_install = [str(venv / "bin" / "uv"), "pip", "install", "--python", str(venv / "bin" / "python"), "--quiet",
+                  "--compile-bytecode"]
     assert made[2] == [*uv_install, "-e", ".[dev]"] and made[3] == [*uv_install, "--no-deps", "sglang==0.5.8"]
     assert len(made) == 4
     assert json.loads((venv / "rlkube-deps.json").read_text())["targets"] == ["dev"]
