@@ -759,10 +759,19 @@ def test_a_queued_rljob_leaves_suspend_to_kueue(operator, ns, tmp_path):
     assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
     assert rayjob["spec"]["suspend"] is True
     wait_rayjob(cp, ns, "q-0", lambda rj: deployment_status(rj) == "Suspended", "Suspended by KubeRay")
-    rljob = wait_phase(cp, ns, "q", "Queued")
+    wait_phase(cp, ns, "q", "Queued")
+    # The reconcile that created the RayJob says so ("created RayJob q-0 ..., suspended until Kueue
+    # admits it"); the ones after it, finding it suspended, say what it waits for.
+    waits = "waits for Kueue to admit it from LocalQueue team-queue"
+
+    def queued_and_waiting():
+        found = get_or_none(cp, ns, "rljob", "q")
+        status = (found or {}).get("status") or {}
+        return found if status.get("phase") == "Queued" and waits in status.get("message", "") else None
+
+    rljob = cp.wait_for(queued_and_waiting, 30, f"the Queued RLJob's message: {waits}")
     conditions = {c["type"]: c for c in rljob["status"]["conditions"]}
     assert (conditions["Progressing"]["status"], conditions["Suspended"]["status"]) == ("True", "False")
-    assert "waits for Kueue to admit it from LocalQueue team-queue" in rljob["status"]["message"]
     assert ("Normal", "Queued") in events_of(cp, ns, "q")
 
     def reconciles_pass(count: int = 3) -> None:
