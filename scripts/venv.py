@@ -41,13 +41,18 @@ UV = "uv==0.13.9"
 COVERS = {"run": {"run", "dev"}, "dev": {"dev"}}  # the dev extra includes the runtime's
 
 
-def deps_key(pyproject_text: str, python_version: str, no_deps: tuple[str, ...]) -> str:
-    """One hash of what decides the venv's contents; a change to any part means a new venv."""
+def content_key(*parts: str) -> str:
+    """One short hash of the parts, each kept apart from the next (moving text across a boundary changes it)."""
     digest = hashlib.sha256()
-    for part in (pyproject_text, python_version, *no_deps):
+    for part in parts:
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
+
+
+def deps_key(pyproject_text: str, python_version: str, no_deps: tuple[str, ...]) -> str:
+    """What decides the venv's contents; a change to any part means a new venv."""
+    return content_key(pyproject_text, python_version, *no_deps)
 
 
 def installed_targets(stamp: dict, key: str) -> set[str]:

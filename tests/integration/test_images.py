@@ -22,8 +22,8 @@ full install took 160 s of a warm `make test`).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -38,6 +38,9 @@ import pytest
 pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("venv_script", REPO / "scripts" / "venv.py")
+venv_script = importlib.util.module_from_spec(_spec)  # its content_key: one way to key what an install is made from
+_spec.loader.exec_module(venv_script)
 
 # image Dockerfile -> (has the stand-in of its torch base image, what its pods import)
 IMAGES = {
@@ -94,13 +97,10 @@ COMPLETE = "rlkube-install-complete"  # written last: an entry without it was cu
 
 def install_key(dockerfile: str, constraint: str | None, extras: list[str]) -> str:
     """What the image's dependency layers are made from; any change means a new install."""
-    digest = hashlib.sha256()
-    for part in ((REPO / dockerfile).read_text(), (REPO / "pyproject.toml").read_text(),
-                 (REPO / "images" / constraint).read_text() if constraint else "", ",".join(extras),
-                 sys.version, importlib.metadata.version("torch")):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:16]
+    return venv_script.content_key(
+        (REPO / dockerfile).read_text(), (REPO / "pyproject.toml").read_text(),
+        (REPO / "images" / constraint).read_text() if constraint else "", ",".join(extras),
+        sys.version, importlib.metadata.version("torch"))
 
 
 def _pip(python: str, *args: str, constraint: str | None = None) -> None:

@@ -12,7 +12,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 Message = dict[str, Any]
 """An OpenAI-style chat message: {"role": ..., "content": ...} plus optional tool-call keys."""
@@ -131,3 +131,11 @@ class Sample:
 def weight_version_number(version: str) -> int:
     """An engine's weight version as a number: its initial weights ("default") are version 0."""
     return 0 if version == "default" else int(version)
+
+
+def syncs_behind(weight_versions: Sequence[str], trained_at: int, *, newest: bool = False) -> int:
+    """How many weight syncs older than the policy of rollout `trained_at` (version `trained_at`)
+    the weights that generated a sample are: by its oldest version, as a response whose generation
+    spanned a sync is as old as its first tokens; by its newest where only those tokens train."""
+    pick = max if newest else min
+    return trained_at - pick(weight_version_number(v) for v in weight_versions)

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
-from rlkube_runtime.data.sample import Sample, SampleStatus, weight_version_number
+from rlkube_runtime.data.sample import Sample, SampleStatus, syncs_behind
 
 # POST /generate with a SGLang request body, returning the SGLang response body.
 GenerateCall = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -265,8 +265,7 @@ def restart_stale_partials(groups: Sequence[list[Sample]], *, trained_at: int, m
     restarted = 0
     for group in groups:
         for s in group:
-            if s.response_length and s.weight_versions and \
-                    trained_at - min(weight_version_number(v) for v in s.weight_versions) > max_staleness:
+            if s.response_length and s.weight_versions and syncs_behind(s.weight_versions, trained_at) > max_staleness:
                 discard_response(s)
                 restarted += 1
     return restarted

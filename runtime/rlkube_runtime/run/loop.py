@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from rlkube_runtime.data.sample import weight_version_number
+from rlkube_runtime.data.sample import syncs_behind
 from rlkube_runtime.run import checkpoints
 from rlkube_runtime.run.cluster import Job, init_ray, start_job
 from rlkube_runtime.run.plan import RunPlan
@@ -115,8 +115,7 @@ def staleness_metrics(samples, *, trained_at: int, only_newest_trains: bool = Fa
     where rollout.maskOffPolicyInPartialRollout keeps the older tokens out of the loss; the engine's
     initial weights are version 0; a sample that names no version is not counted). Sync mode: 0
     with a sync after every rollout; async mode: up to asyncBufferSize."""
-    pick = max if only_newest_trains else min
-    behind = [trained_at - pick(weight_version_number(v) for v in s["weight_versions"])
+    behind = [syncs_behind(s["weight_versions"], trained_at, newest=only_newest_trains)
               for s in samples if s.get("weight_versions")]  # a custom generate may not say
     if not behind:
         return {}
