@@ -76,3 +76,31 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     survivors = processes_in_groups(pgids)
     if survivors:
         pytest.fail(f"control plane processes survived stop(): {survivors}", pytrace=False)
+
+
+class _WorkerLoad:
+    """Seconds each xdist worker and each group spent in tests, printed after the slowest tests:
+    the suite's wall time is its busiest worker's, so this shows where the budget goes."""
+
+    def __init__(self) -> None:
+        self.by_worker: dict[str, float] = {}
+        self.by_group: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        worker_id = worker.id if worker is not None else "main"
+        group = report.nodeid.rpartition("@")[2] if "@" in report.nodeid else "ungrouped"  # xdist's "id@group"
+        self.by_worker[worker_id] = self.by_worker.get(worker_id, 0.0) + report.duration
+        self.by_group[group] = self.by_group.get(group, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if len(self.by_worker) < 2:
+            return
+        line = lambda d: ", ".join(f"{k} {v / 60:.1f} min" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
+        terminalreporter.write_line(f"time in tests per worker: {line(self.by_worker)}")
+        terminalreporter.write_line(f"time in tests per group: {line(self.by_group)}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller sees every worker's reports
+        config.pluginmanager.register(_WorkerLoad(), "rlkube-worker-load")

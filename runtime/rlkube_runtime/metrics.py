@@ -197,7 +197,7 @@ class MetricsLogger:
         if self._tb is not None:
             for key, value in metrics.items():
                 if _is_number(value):
-                    self._tb.add_scalar(key, float(value), rollout_id)
+                    self._tb.scalar(key, float(value), rollout_id)
             self._tb.flush()
         for tracker in self._trackers:
             try:
@@ -238,12 +238,34 @@ def format_progress_line(rollout_id: int, metrics: Mapping[str, Any], elapsed: f
     return " | ".join(parts)
 
 
-def _open_tensorboard(path: Path):
+class _TensorBoardScalars:
+    """Scalars in a TensorBoard event file, written with tensorboard's own event writer: the
+    records torch's SummaryWriter.add_scalar writes, without importing torch into the driver."""
+
+    def __init__(self, path: Path):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._writer = EventFileWriter(str(path))
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+        self._writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _open_tensorboard(path: Path) -> _TensorBoardScalars | None:
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        return _TensorBoardScalars(path)
     except ImportError:  # tensorboard is optional
         return None
-    return SummaryWriter(str(path))
 
 
 def _is_number(value: Any) -> bool:

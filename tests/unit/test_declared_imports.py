@@ -77,7 +77,7 @@ def undeclared(package_dir: Path, allowed: set[str]) -> list[str]:
 
 
 @pytest.mark.parametrize(("package", "extras"), [
-    ("runtime/rlkube_runtime", ("runtime", "operator", "megatron", "tracking", "sglang")),
+    ("runtime/rlkube_runtime", ("runtime", "operator", "megatron", "tracking", "tensorboard", "sglang")),
     ("operator/rlkube_operator", ("operator",)),
     ("tests", ("dev", "sglang")),  # the sglang wheel goes in beside dev (scripts/venv.py: --no-deps)
 ])

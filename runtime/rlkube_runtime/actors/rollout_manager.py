@@ -16,6 +16,7 @@ from typing import Any
 
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.data.source import PromptSource
+from rlkube_runtime.data.tokenizer import load_tokenizer
 from rlkube_runtime.plugins import load_callable
 from rlkube_runtime.rewards.hub import compute_rewards
 from rlkube_runtime.rewards.pass_at_k import eval_dataset_metrics
@@ -81,12 +82,10 @@ class RolloutManager:
 
     def _load_prompts(self) -> None:
         """The tokenizer, the prompt source, the sampling settings, the filter and the custom generate."""
-        from transformers import AutoTokenizer
-
         import rlkube_runtime.tiny.task  # noqa: F401  (registers the builtin: prompt sets)
 
         spec = self.spec
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=spec.model.trust_remote_code)
+        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=spec.model.trust_remote_code)
         self.source = PromptSource.from_spec(
             spec.data, n_samples_per_prompt=spec.rollout.n_samples_per_prompt, tokenizer=self.tokenizer
         )

@@ -12,9 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
+from typing import TYPE_CHECKING
 
-from rlkube_runtime.algorithms import AdvantageConfig, compute_approx_kl
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.node_network import (
     NodeNetworkError,
@@ -26,10 +25,15 @@ from rlkube_runtime.node_network import (
 from rlkube_runtime.serving.launch import node_ip
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.spec.backend_rules import chosen_backend
-from rlkube_runtime.trainer.batch import TrainBatch
-from rlkube_runtime.trainer.config import TrainerConfig
-from rlkube_runtime.trainer.rng import restore_rng_state
-from rlkube_runtime.trainer.registry import build_backend, check_trainer_supports
+from rlkube_runtime.trainer.support import check_trainer_supports
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlkube_runtime.trainer.batch import TrainBatch
+
+# torch and everything that imports it load in the methods, in the trainer's process: the driver
+# imports this module too (ray.remote needs the class) and otherwise never needs torch.
 
 __all__ = ["TrainerWorker", "check_trainer_supports", "logprob_abs_diff", "to_train_batch"]
 
@@ -47,6 +51,12 @@ class TrainerWorker:
         device: str = "cpu",
         num_threads: int | None = None,
     ):
+        import torch
+
+        from rlkube_runtime.algorithms import AdvantageConfig
+        from rlkube_runtime.trainer.config import TrainerConfig
+        from rlkube_runtime.trainer.registry import build_backend
+
         self.spec = RLJobSpec.model_validate(spec)
         check_trainer_supports(self.spec)
         if num_threads:
@@ -82,6 +92,8 @@ class TrainerWorker:
 
     def train(self, rollout_id: int, samples: list[dict[str, Any]]) -> dict[str, float]:
         """Train on one rollout's samples (as `Sample.to_dict()`); returns slime-named metrics."""
+        from rlkube_runtime.algorithms import compute_approx_kl
+
         batch_samples = [Sample.from_dict(s) for s in samples]
         batch = to_train_batch(batch_samples)
         algo = self.spec.algorithm
@@ -150,6 +162,8 @@ class TrainerWorker:
         else:
             self.backend.load(directory)
         if rng is not None:
+            from rlkube_runtime.trainer.rng import restore_rng_state
+
             restore_rng_state(rng)
 
     def push_weights(self, urls: list[str], plan, version: str):
@@ -169,10 +183,13 @@ class TrainerWorker:
         """This rank's WeightSender, made at the first push (it keeps its staging buffer and
         process groups for the run)."""
         if self._sender is None:
+            import torch
+
+            from rlkube_runtime.trainer.push_view import PushView
             from rlkube_runtime.weight_sync import WeightSender
 
             self._sender = WeightSender(
-                _PushView(self.backend),
+                PushView(self.backend),
                 dtype=getattr(torch, plan.dtype),
                 bucket_bytes=plan.bucket_bytes,
                 device=self.backend.device,
@@ -210,6 +227,8 @@ class TrainerWorker:
     def close(self) -> None:
         """Leave the process group together (a barrier, then destroy): a rank whose process ends
         with the group alive, or while a peer still uses it, aborts in gloo's threads."""
+        import torch
+
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
@@ -218,6 +237,8 @@ class TrainerWorker:
 def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, master_port: int, address: str):
     """The default process group of the trainer ranks: they meet at rank 0's node, check that each
     reaches every other at its node `address`, then build the group on that store (returned)."""
+    import torch
+
     node = describe_node(address)
     store = rendezvous_store(master_addr, master_port, rank, world_size, node)
     check_ranks_reach_each_other(store, rank, world_size, address)
@@ -235,20 +256,10 @@ def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, mast
     return store
 
 
-class _PushView(torch.nn.Module):
-    """What the weight sender reads: the backend's `weights_for_push` as a module's state dict
-    (tied tensors are one tensor, so the sender sends them once)."""
-
-    def __init__(self, backend):
-        super().__init__()
-        self._backend = backend
-
-    def state_dict(self, *args, **kwargs):  # noqa: ARG002 - the sender's keep_vars changes nothing here
-        return dict(self._backend.weights_for_push())
-
-
 def to_train_batch(samples: list[Sample]) -> TrainBatch:
     """Rewarded samples to the trainer's column layout (advantages filled in later)."""
+    from rlkube_runtime.trainer.batch import TrainBatch
+
     for s in samples:
         s.check_lengths()
     have_logprobs = all(s.rollout_log_probs is not None for s in samples)

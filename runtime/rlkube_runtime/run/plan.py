@@ -109,7 +109,7 @@ def prepare_run(
         raise InvalidSpec(f"{path}: `rlkube run` takes one RLJob per file, found {len(jobs)}")
     job = jobs[0]
     spec = job.spec
-    from rlkube_runtime.actors.trainer import check_trainer_supports
+    from rlkube_runtime.trainer.support import check_trainer_supports
     from rlkube_runtime.tracking import TrackingError, check_trackers_available
 
     try:
@@ -162,14 +162,14 @@ def _initial_model(job: RLJob, out: Path) -> str:
         return model.hf_checkpoint
     if model.preset == "tiny":
         from rlkube_runtime.spec import builtin_task_name
-        from rlkube_runtime.tiny.model import build_tiny_checkpoint
+        from rlkube_runtime.tiny.cache import tiny_checkpoint
         from rlkube_runtime.tiny.task import get_task
 
         task = builtin_task_name(job.spec.data.prompt_data)
         alphabet = get_task(task).alphabet if task else None
         target = out / "tiny-model"
         if not (target / "config.json").exists():
-            build_tiny_checkpoint(target, alphabet=alphabet, seed=job.spec.training.seed)
+            tiny_checkpoint(target, alphabet=alphabet, seed=job.spec.training.seed)
         return str(target)
     if model.preset:
         raise InvalidSpec(

@@ -35,9 +35,10 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,8 @@ def abandon_checkpoint(root: str | os.PathLike, rollout_id: int, tmp: Path, err:
 def save_torch_file(path: str | os.PathLike, value: Any) -> int:
     """torch.save `value` to `path` and fsync it; returns the bytes written. For the checkpoint's
     own files and for the trainer state rank 0 writes straight into a checkpoint being saved."""
+    import torch  # here, not at the top: the driver uses this module and otherwise never needs torch
+
     try:
         with open(path, "wb") as f:
             torch.save(value, f)
@@ -283,6 +286,8 @@ def load_latest_checkpoint(
 def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Verify and load one checkpoint directory; raises CorruptCheckpointError saying why not."""
     path = Path(path)
+    import torch
+
     manifest = verify_checkpoint(path)
     payload: dict[str, Any] = {}
     for key, filename in manifest["payload"].items():
