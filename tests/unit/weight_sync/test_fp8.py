@@ -119,3 +119,67 @@ def test_dequantize_named_pairs_weights_with_scales_and_row_splits_on_block_boun
 def test_quantization_config_is_sglangs_block_fp8():
     assert fp8.quantization_config() == {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                          "weight_block_size": [128, 128]}
+
+
+def _layer_module(rows=300, cols=20):
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    layer = torch.nn.Module()
+    layer.mlp = torch.nn.Module()
+    layer.mlp.down_proj = torch.nn.Linear(cols, rows, bias=False)
+    model.model.layers = torch.nn.ModuleList([layer])
+    model.model.norm = torch.nn.LayerNorm(cols)
+    model.register_buffer("steps", torch.arange(3))
+    return model
+
+
+def test_a_quantized_weight_splits_on_128_row_blocks_with_its_scale_rows_and_reassembles_exactly():
+    from rlkube_runtime.engine.weights import copy_into_model
+    from rlkube_runtime.weight_sync import WeightSender, plan_buckets
+
+    torch.manual_seed(3)
+    source = _layer_module()
+    name = "model.layers.0.mlp.down_proj.weight"
+    buckets = plan_buckets([(name, (300, 20))], itemsize=4, bucket_bytes=3000, split_rows=True, quantized={name})
+    pieces = [p for b in buckets for p in b]
+    # A 128-row block is 128 x 20 bytes + 4 for its one scale: one block per piece.
+    assert [p.rows for p in pieces] == [(0, 128), (128, 256), (256, 300)]
+    assert [p.nbytes for p in pieces] == [128 * 20 + 4, 128 * 20 + 4, 44 * 20 + 4]
+    assert all(p.quantized for p in pieces)
+    sender = WeightSender(source, dtype=torch.float32, bucket_bytes=3000, device=torch.device("cpu"), quantization="fp8")
+    named = dict(source.state_dict())
+    target = _layer_module()
+    for piece in pieces:
+        sent = sender._transfer_tensors(named, piece)
+        assert [(n, t.dtype, o) for n, t, o in sent] == [
+            (name, torch.float8_e4m3fn, piece.rows[0]), (name + "_scale_inv", torch.float32, piece.rows[0] // 128)]
+        copy_into_model(target, {n: t for n, t, _ in sent}, field="t", row_offsets={n: o for n, _, o in sent})
+    assert torch.equal(target.state_dict()[name], fp8.quantize_dequantize(named[name]))
+
+
+def test_staging_puts_every_dtype_of_a_bucket_in_one_byte_buffer_at_aligned_offsets():
+    from rlkube_runtime.weight_sync import WeightSender, plan_buckets
+    from rlkube_runtime.weight_sync.sender import STAGING_ALIGN
+
+    torch.manual_seed(4)
+    source = _layer_module(rows=130, cols=20)
+    sender = WeightSender(source, dtype=torch.bfloat16, bucket_bytes=1 << 20, device=torch.device("cpu"),
+                          quantization="fp8")
+    named = dict(source.state_dict())
+    quantized = sender._quantized(named)
+    assert quantized == {"model.layers.0.mlp.down_proj.weight"}
+    [bucket] = plan_buckets([(n, tuple(t.shape)) for n, t in named.items()], itemsize=2, bucket_bytes=1 << 20,
+                            split_rows=False, itemsizes={"steps": 8}, quantized=quantized)
+    staged = dict(sender._stage(named, bucket))
+    assert {n: t.dtype for n, t in staged.items()} == {
+        "steps": torch.int64, "model.layers.0.mlp.down_proj.weight": torch.float8_e4m3fn,
+        "model.layers.0.mlp.down_proj.weight_scale_inv": torch.float32,
+        "model.norm.weight": torch.bfloat16, "model.norm.bias": torch.bfloat16}
+    base = sender._staging.data_ptr()
+    assert all(t.untyped_storage().data_ptr() == base and (t.data_ptr() - base) % STAGING_ALIGN == 0
+               for t in staged.values())
+    assert torch.equal(staged["steps"], torch.arange(3))
+    q, s = fp8.quantize_blockwise(named["model.layers.0.mlp.down_proj.weight"])
+    assert torch.equal(staged["model.layers.0.mlp.down_proj.weight"].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(staged["model.layers.0.mlp.down_proj.weight_scale_inv"], s)
+    assert sum(p.nbytes for p in bucket) == 3 * 8 + 130 * 20 + 4 * 2 + 2 * 20 * 2
