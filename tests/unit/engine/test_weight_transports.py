@@ -157,3 +157,23 @@ async def test_an_fp8_weight_without_its_scales_is_refused_by_name_and_changes_n
     assert response.status == 400, await response.text()
     assert "up_proj.weight_scale_inv" in await response.text()
     _assert_same(await _outputs(engine), before)
+
+
+async def test_an_fp8_engine_starts_serving_the_checkpoints_weights_quantize_dequantized(start_engine, tiny_model_dir):
+    """Version 0 at the precision of every later version: the loaded decoder-layer linear weights
+    are replaced by their blockwise e4m3 round trip, the rest kept as loaded."""
+    from rlkube_runtime.weight_sync import fp8
+
+    plain, quantized = await start_engine(), await start_engine(quantization="fp8")
+    loaded = engine_of(plain).model.state_dict()
+    served = engine_of(quantized).model.state_dict()
+    changed = 0
+    for name, tensor in loaded.items():
+        if fp8.is_quantized_name(name, tensor.shape):
+            assert torch.equal(served[name], fp8.quantize_dequantize(tensor)), name
+            changed += not torch.equal(served[name], tensor)
+        else:
+            assert torch.equal(served[name], tensor), name
+    assert changed == 7 * engine_of(plain).model.config.num_hidden_layers
+    info = await (await quantized.get("/get_server_info")).json()
+    assert info["quantization"] == "fp8"
