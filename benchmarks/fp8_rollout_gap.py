@@ -3,7 +3,7 @@
 At the Qwen3-0.6B shape with seeded random weights in bf16, a fixed batch of sequences is sampled
 from the bf16 model; then every response token's logprob is computed twice, with the bf16 weights
 and with the same weights quantize-dequantized through rlkube's blockwise e4m3 quantizer
-(`rlkube_runtime/weight_sync/fp8.py`: the decoder layers' linear weights in 128x128 blocks, float32
+(`rlkube_runtime/fp8.py`: the decoder layers' linear weights in 128x128 blocks, float32
 scales; embeddings, norms and the tied head unchanged) - what the built-in engine serves under
 `model.rolloutDtype: fp8`. Reported: the mean / p99 / max absolute per-token logprob gap, the
 bytes per weight sync in bf16 and in fp8 (e4m3 + scales for the quantized weights, bf16 for the
@@ -67,7 +67,7 @@ def measure(args) -> dict:
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from rlkube_runtime.weight_sync import fp8
+    from rlkube_runtime import fp8
 
     shape = TINY if args.tiny_shape else QWEN3_06B
     device = torch.device(args.device)

@@ -189,7 +189,7 @@ def test_an_fp8_rollout_syncs_block_quantized_weights_into_the_engine_and_still_
     from transformers import AutoModelForCausalLM
 
     from rlkube_runtime.memory import unique_named_tensors
-    from rlkube_runtime.weight_sync import fp8
+    from rlkube_runtime import fp8
 
     rollouts = 30
     job = write_local_tiny(

@@ -356,11 +356,11 @@ class Engine:
 
 def _quantize_dequantize(model: torch.nn.Module) -> int:
     """The checkpoint's weights as fp8 serves them: each quantized name's weight replaced by its
-    blockwise e4m3 quantize-dequantize (weight_sync/fp8.py), so the first rollout (weight
+    blockwise e4m3 quantize-dequantize (rlkube_runtime/fp8.py), so the first rollout (weight
     version 0) is generated at the precision of every later one. Returns how many changed."""
     from rlkube_runtime.expert_names import per_expert_views
     from rlkube_runtime.memory import unique_named_tensors
-    from rlkube_runtime.weight_sync import fp8
+    from rlkube_runtime import fp8
 
     changed = 0
     with torch.no_grad():

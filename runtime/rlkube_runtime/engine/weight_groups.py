@@ -47,11 +47,11 @@ def receive_into_model(model: torch.nn.Module, group: dist.ProcessGroup, update:
     """Receive every tensor of `update` from rank 0 and copy it into the model.
 
     A float8_e4m3fn weight with its `<name>_scale_inv` among the names (fp8 rollout) is received
-    as its bytes and dequantized into the model's weight (weight_sync/fp8.py). The broadcasts are
+    as its bytes and dequantized into the model's weight (rlkube_runtime/fp8.py). The broadcasts are
     received even when the request does not fit the model (the sender is already sending; leaving
     them unanswered would hang it), then the error is raised and the model is left as it was.
     """
-    from rlkube_runtime.weight_sync import fp8
+    from rlkube_runtime import fp8
 
     targets = model.state_dict(keep_vars=True)
     problem = _mismatch(targets, update)
@@ -90,7 +90,7 @@ def receive_into_model(model: torch.nn.Module, group: dist.ProcessGroup, update:
 
 
 def _mismatch(targets: dict[str, torch.Tensor], update: DistributedUpdate) -> str | None:
-    from rlkube_runtime.weight_sync import fp8
+    from rlkube_runtime import fp8
 
     quantized = {n for n, d in zip(update.names, update.dtypes) if d == fp8.FP8_DTYPE}
     scales = {fp8.scale_name(n) for n in quantized} & set(update.names)

@@ -159,11 +159,11 @@ def copy_into_model(
     `row_offsets` fills rows [offset, offset + len) only).
 
     A float8_e4m3fn weight comes with `<name>_scale_inv` (fp8 rollout) and is dequantized into
-    the model's weight first (weight_sync/fp8.py). Everything is validated first (unknown names,
+    the model's weight first (rlkube_runtime/fp8.py). Everything is validated first (unknown names,
     shape mismatches, missing scales), so an invalid update leaves the model untouched. Returns
     how many weights were copied.
     """
-    from rlkube_runtime.weight_sync import fp8
+    from rlkube_runtime import fp8
 
     try:  # fp8 rollout: an e4m3 weight and its block scales become the weight, in float32
         tensors, row_offsets = fp8.dequantize_named(tensors, row_offsets)

@@ -6,7 +6,7 @@ than the budget either goes alone (transports that must send whole tensors) or, 
 (HTTP bodies carry the bytes themselves).
 
 Tensors of one bucket may travel in different dtypes: each has its own itemsize (`itemsizes`, the
-plan's `itemsize` otherwise), and a `quantized` weight (fp8 rollout: weight_sync/fp8.py) counts its
+plan's `itemsize` otherwise), and a `quantized` weight (fp8 rollout: rlkube_runtime/fp8.py) counts its
 e4m3 bytes plus its float32 block scales; its row splits fall on block boundaries (multiples of
 `block_rows`), so each piece carries whole blocks and the matching rows of scales.
 """

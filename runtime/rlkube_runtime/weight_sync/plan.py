@@ -19,7 +19,7 @@ class SyncPlan:
     over several GPUs, the trainer ranks on engine j's GPUs in its tensor-parallel order (the
     first is its pusher); each stages its GPU's payload (`handle_group.HandleGroup`).
     quantization: None, or "fp8" (spec.model.rolloutDtype fp8): the decoder layers' linear weights
-    travel as block-quantized e4m3 with their scales (weight_sync/fp8.py)."""
+    travel as block-quantized e4m3 with their scales (rlkube_runtime/fp8.py)."""
 
     pusher_of_engine: tuple[int, ...] = ()
     transport: str = "http"

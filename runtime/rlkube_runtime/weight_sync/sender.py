@@ -17,9 +17,10 @@ Weights travel in the engines' dtype (bf16 from fp32 master weights halves the b
 tensors once, in buckets of at most `bucket_bytes`. With `quantization="fp8"` (spec.model.rolloutDtype
 fp8) the decoder layers' linear weights are quantized on this rank's device while staged and go as
 `name` (float8_e4m3fn, 128x128 blocks) plus `name_scale_inv` (float32), the rest in the engines'
-dtype (weight_sync/fp8.py); one staging buffer of bytes holds a bucket's tensors of every dtype. The engines are paused and flushed by the
-rollout manager before a push and resumed after it; the weight version is set with the last
-bucket, so an engine never reports a version it has only half loaded.
+dtype (rlkube_runtime/fp8.py); one staging buffer of bytes holds a bucket's tensors of every dtype.
+The engines are paused and flushed by the rollout manager before a push and resumed after it;
+the weight version is set with the last bucket, so an engine never reports a version it has
+only half loaded.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 from rlkube_runtime.memory import unique_named_tensors
-from rlkube_runtime.weight_sync import fp8
+from rlkube_runtime import fp8
 from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
 from rlkube_runtime.weight_sync.coordinator import SyncReport
 from rlkube_runtime.weight_sync.handle_group import HandleGroup, HandleGroupError

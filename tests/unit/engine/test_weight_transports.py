@@ -115,7 +115,7 @@ async def test_an_fp8_push_sends_e4m3_weights_with_block_scales_and_the_engine_s
     """quantization fp8: the decoder layers' linear weights go as float8_e4m3fn + float32
     `_scale_inv` (every other tensor in the engine dtype), mixed in the same buckets; the engine
     holds exactly the quantize-dequantized weights, and the report counts the bytes sent."""
-    from rlkube_runtime.weight_sync import fp8
+    from rlkube_runtime import fp8
 
     engine = await start_engine()
     trainer_model = AutoModelForCausalLM.from_pretrained(other_model_dir)
@@ -162,7 +162,7 @@ async def test_an_fp8_weight_without_its_scales_is_refused_by_name_and_changes_n
 async def test_an_fp8_engine_starts_serving_the_checkpoints_weights_quantize_dequantized(start_engine, tiny_model_dir):
     """Version 0 at the precision of every later version: the loaded decoder-layer linear weights
     are replaced by their blockwise e4m3 round trip, the rest kept as loaded."""
-    from rlkube_runtime.weight_sync import fp8
+    from rlkube_runtime import fp8
 
     plain, quantized = await start_engine(), await start_engine(quantization="fp8")
     loaded = engine_of(plain).model.state_dict()

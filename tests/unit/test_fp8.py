@@ -1,4 +1,4 @@
-"""Blockwise fp8 (e4m3) quantization of the weights an fp8 rollout serves (weight_sync/fp8.py)."""
+"""Blockwise fp8 (e4m3) quantization of the weights an fp8 rollout serves (rlkube_runtime/fp8.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlkube_runtime.weight_sync import fp8
+from rlkube_runtime import fp8
 
 
 def test_a_small_matrix_quantizes_to_the_hand_computed_scales_and_e4m3_values():
