@@ -265,7 +265,8 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
         ("megatron-misfit", {"training": {"backend": "megatron"}, "parallelism": {"tensor": 4}}, "spec.parallelism",
          "tensor(4) x pipeline(1) = 4 GPUs per model replica must divide the trainer GPUs, "
          "resources.trainer.nodes(1) x gpusPerNode(2) = 2"),
-        ("fp8", {"model": {"rolloutDtype": "fp8"}}, "spec.model.rolloutDtype", "fp8 is not implemented"),
+        ("fp8", {"model": {"rolloutDtype": "fp8"}, "algorithm": {"tis": {"enabled": True}}}, "spec.model.rolloutDtype",
+         "model.rolloutDtype fp8 is served by the built-in engine only (rollout.engine: builtin)"),
         ("buffer", {"training": {"asyncBufferSize": 2}}, "spec.training.asyncBufferSize",
          "asyncBufferSize(2): only async mode (training.mode: async) generates ahead"),
         ("ppo", {"algorithm": {"advantageEstimator": "ppo"}}, "spec.algorithm.advantageEstimator",
@@ -273,7 +274,7 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
         ("mask", {"rollout": {"maskOffPolicyInPartialRollout": True}}, "spec.rollout.maskOffPolicyInPartialRollout",
          "maskOffPolicyInPartialRollout masks what partial rollout kept from an earlier rollout"),
     ],
-    ids=["torch-tensor-parallel", "megatron-replica-too-big", "fp8-rollouts", "async-buffer-2-in-sync-mode", "ppo",
+    ids=["torch-tensor-parallel", "megatron-replica-too-big", "fp8-rollouts-into-sglang", "async-buffer-2-in-sync-mode", "ppo",
          "off-policy-mask-without-partial-rollout"],
 )
 def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_path, name, spec, field, message):

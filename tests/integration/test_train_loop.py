@@ -180,3 +180,46 @@ def test_a_mixture_of_experts_job_syncs_every_expert_so_the_engine_scores_like_t
     assert len(gaps) == 3 and max(gaps) < 1e-4, gaps
     with open(model / "config.json") as f:
         assert yaml.safe_load(f)["num_local_experts"] == 8  # transformers' name for the expert count
+
+
+def test_an_fp8_rollout_syncs_block_quantized_weights_into_the_engine_and_still_learns(tmp_path):
+    """model.rolloutDtype fp8 (with TIS): every sync sends the decoder layers' linear weights as
+    e4m3 + float32 block scales (the tiny model's are under 128 wide: ragged blocks), the engine
+    starts with --quantization fp8 and serves them, and the reward still climbs."""
+    from transformers import AutoModelForCausalLM
+
+    from rlkube_runtime.memory import unique_named_tensors
+    from rlkube_runtime import fp8
+
+    rollouts = 30
+    job = write_local_tiny(
+        tmp_path, "fp8",
+        **{"spec.model.rolloutDtype": "fp8", "spec.algorithm.tis": {"enabled": True}, "spec.training.numRollout": rollouts},
+    )
+    out = tmp_path / "out"
+    returncode, output = _run(job, out)
+    assert returncode == 0, output[-5000:]
+    assert "Traceback" not in output
+
+    records = [m for m in _metrics(out) if m["rollout"] >= 0]
+    rewards = [m["rollout/raw_reward"] for m in records]
+    assert len(rewards) == rollouts
+    print("fp8 rewards:", [round(r, 2) for r in rewards])
+    assert sum(rewards[:3]) / 3 < 0.3 and sum(rewards[-5:]) / 5 > 0.6, rewards
+    # Bytes per sync: exactly the quantized weights' e4m3 bytes and scales plus the rest in
+    # float32 (the engine dtype on a CPU): the quantized part at about a quarter of float32.
+    named = dict(unique_named_tensors(AutoModelForCausalLM.from_pretrained(out / "tiny-model")))
+    quantized = {n: t for n, t in named.items() if fp8.is_quantized_name(n, t.shape)}
+    assert quantized and any(d % 128 for t in quantized.values() for d in t.shape)  # ragged blocks
+    expected = sum(fp8.quantized_nbytes(t.shape) if n in quantized else t.numel() * 4 for n, t in named.items())
+    synced = [m["perf/update_weights_bytes"] for m in records if "perf/update_weights_bytes" in m]
+    assert synced and set(synced) == {float(expected)}, (synced[:3], expected)
+    assert sum(fp8.quantized_nbytes(t.shape) for t in quantized.values()) < 0.3 * sum(t.numel() * 4 for t in quantized.values())
+    # The engine was started to serve fp8 (its log opens with its command line), and TIS ran.
+    engine_logs = [p.read_text() for p in (out / "logs").glob("engine-*.log")]
+    assert engine_logs and all("--quantization fp8" in log.splitlines()[0] for log in engine_logs)
+    assert all("train/tis" in m for m in records)
+    # The engine's quantized weights make its logprobs differ from the float32 trainer's.
+    diffs = [m["train/train_rollout_logprob_abs_diff"] for m in records]
+    print("fp8 logprob abs diff per rollout:", [round(d, 5) for d in diffs[:5]], "...", rewards[-5:])
+    assert min(diffs) > 0 and sum(diffs) / len(diffs) > 1e-4, diffs

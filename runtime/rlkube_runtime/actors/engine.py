@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from rlkube_runtime.spec import RLJobSpec
-from rlkube_runtime.weight_sync.plan import engine_dtype
+from rlkube_runtime.weight_sync.plan import engine_dtype, rollout_quantization
 
 
 def engine_actor_options(
@@ -33,6 +33,7 @@ def engine_actor_options(
         "colocated": spec.resources.placement == "colocated",
         "trust_remote_code": spec.model.trust_remote_code,
         "sglang_args": dict(rollout.sglang_args),
+        "quantization": rollout_quantization(spec.model.rollout_dtype),
         "gpu_ids": tuple(gpu_ids),  # empty: the GPUs Ray gives the actor
     }
 
@@ -54,6 +55,7 @@ class EngineActor:
         sglang_args: dict[str, Any] | None = None,
         host: str | None = None,
         gpu_ids: tuple[int, ...] = (),
+        quantization: str | None = None,
     ):
         self.engine = engine
         self.model_path = model_path
@@ -67,6 +69,7 @@ class EngineActor:
         self.trust_remote_code = trust_remote_code
         self.sglang_args = sglang_args or {}
         self.host = host  # None: this node's IP, found when the engine starts
+        self.quantization = quantization  # "fp8": the built-in engine serves block-fp8 weights
         self.gpu_ids = tuple(gpu_ids)  # colocated engines over several GPUs: all of them, by id
         self._process = None
         self._restarts = 0
@@ -80,6 +83,10 @@ class EngineActor:
             # The engine shares the machine with the trainer: one thread each keeps them from
             # fighting over the cores.
             engine_args["num-threads"] = 1
+        if self.quantization is not None:
+            if self.engine != "builtin":  # the spec refuses it; SGLang would need an fp8 checkpoint
+                raise ValueError(f"quantization {self.quantization!r} is served by the built-in engine only")
+            engine_args["quantization"] = self.quantization
         return {
             "kind": self.engine,
             "model_path": self.model_path,

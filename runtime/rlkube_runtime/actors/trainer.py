@@ -196,6 +196,7 @@ class TrainerWorker:
                 node_ip=node_ip(),
                 save_hf=self.save_hf,
                 engine_ranks=plan.engine_ranks,
+                quantization=plan.quantization,
             )
         return self._sender
 

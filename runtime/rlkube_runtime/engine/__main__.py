@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         help="CPU threads for torch (default: $RLKUBE_ENGINE_THREADS, else torch's choice); with several "
         "engines on one machine give each a share",
     )
+    parser.add_argument(
+        "--quantization", default=None, choices=["fp8"],
+        help="fp8: serve block-quantized e4m3 weights (128x128 blocks, as SGLang's fp8): the checkpoint's "
+        "decoder-layer linear weights are quantized and dequantized at start, and weight updates send e4m3 "
+        "weights with their _scale_inv; computed in --dtype (the weights' quantization error, not fp8 GEMMs)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
         "--trust-remote-code", action="store_true",
@@ -85,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         max_total_tokens=args.max_total_tokens,
         trust_remote_code=args.trust_remote_code,
         api_key=args.api_key or None,
+        quantization=args.quantization,
     )
 
 

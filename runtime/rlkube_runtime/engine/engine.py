@@ -54,6 +54,10 @@ class EngineConfig:
     max_total_tokens: int | None = None  # KV cache slots at most (default: what the memory share allows)
     trust_remote_code: bool = False  # run the checkpoint's own model/tokenizer code
     api_key: str | None = None  # required of every request but health and metrics (SGLang's --api-key)
+    # "fp8": serve block-quantized e4m3 weights (spec.model.rolloutDtype fp8). The engine keeps
+    # its weights in `dtype`, dequantized: this models the weights' quantization error, not
+    # SGLang's fp8 GEMMs (which also quantize the activations per token group at run time).
+    quantization: str | None = None
 
 
 class Engine:
@@ -90,6 +94,10 @@ class Engine:
         tokenizer = AutoTokenizer.from_pretrained(config.model_path, **remote)
         model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype, **remote)
         model.to(config.device).eval()
+        if config.quantization == "fp8":
+            _quantize_dequantize(model)
+        elif config.quantization is not None:
+            raise ValueError(f"quantization must be None or 'fp8', got {config.quantization!r}")
         return cls(config, model, tokenizer)
 
     def start(self) -> None:
@@ -304,6 +312,7 @@ class Engine:
             "port": self.config.port,
             "device": self.config.device,
             "dtype": self.config.dtype,
+            "quantization": self.config.quantization,
             "random_seed": self.config.seed,
             "max_running_requests": self.config.max_running_requests,
             "context_length": self.context_length,
@@ -343,6 +352,23 @@ class Engine:
             "gen_throughput": self.scheduler.generated_tokens / max(now - self._started_at, 1e-9),
         }
         return {"timestamp": now, "version": _package_version(), "dp_rank_count": 1, "loads": [rank]}
+
+
+def _quantize_dequantize(model: torch.nn.Module) -> int:
+    """The checkpoint's weights as fp8 serves them: each quantized name's weight replaced by its
+    blockwise e4m3 quantize-dequantize (rlkube_runtime/fp8.py), so the first rollout (weight
+    version 0) is generated at the precision of every later one. Returns how many changed."""
+    from rlkube_runtime.expert_names import per_expert_views
+    from rlkube_runtime.memory import unique_named_tensors
+    from rlkube_runtime import fp8
+
+    changed = 0
+    with torch.no_grad():
+        for name, tensor in per_expert_views(unique_named_tensors(model)):
+            if tensor.is_floating_point() and fp8.is_quantized_name(name, tensor.shape):
+                tensor.copy_(fp8.quantize_dequantize(tensor))
+                changed += 1
+    return changed
 
 
 def _make_runner(model: torch.nn.Module, config: EngineConfig, pad_token_id: int):

@@ -158,9 +158,17 @@ def copy_into_model(
     """Copy `tensors` into the model's parameters and buffers of the same names (a name in
     `row_offsets` fills rows [offset, offset + len) only).
 
-    Everything is validated first (unknown names, shape mismatches), so an invalid update leaves
-    the model untouched. Returns how many tensors were copied.
+    A float8_e4m3fn weight comes with `<name>_scale_inv` (fp8 rollout) and is dequantized into
+    the model's weight first (rlkube_runtime/fp8.py). Everything is validated first (unknown names,
+    shape mismatches, missing scales), so an invalid update leaves the model untouched. Returns
+    how many weights were copied.
     """
+    from rlkube_runtime import fp8
+
+    try:  # fp8 rollout: an e4m3 weight and its block scales become the weight, in float32
+        tensors, row_offsets = fp8.dequantize_named(tensors, row_offsets)
+    except ValueError as err:
+        raise ProtocolError(field, str(err)) from None
     offsets = row_offsets or {}
     # A fused MoE experts parameter also answers to its experts' checkpoint names (expert_names.py).
     targets = model.state_dict(keep_vars=True)

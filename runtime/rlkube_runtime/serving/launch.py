@@ -44,6 +44,7 @@ ENGINE_KINDS = ("builtin", "sglang")
 BUILTIN_ENGINE_OPTIONS = (
     "dtype", "max-running-requests", "context-length", "num-threads", "weight-version", "log-level", "runner",
     "disable-cuda-graph", "enable-torch-compile", "mem-fraction-static", "max-total-tokens", "trust-remote-code",
+    "quantization",
 )
 
 

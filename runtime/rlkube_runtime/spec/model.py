@@ -13,10 +13,6 @@ _PRESET_AND_CHECKPOINT = (
     "preset and hfCheckpoint both give the starting weights and architecture; set one: hfCheckpoint to load a "
     "checkpoint, preset: tiny for the built-in tiny model"
 )
-# Nothing quantizes the weights a sync sends, so fp8 would silently serve bf16.
-FP8_ROLLOUT_MESSAGE = (
-    "fp8 is not implemented (weight syncs send the engines bf16 weights and nothing quantizes them); use bf16"
-)
 
 
 class ModelSpec(SpecModel):
@@ -29,11 +25,6 @@ class ModelSpec(SpecModel):
         {"rule": "has(self.hfCheckpoint) || has(self.preset) || has(self.load)", "message": _NO_WEIGHTS},
         {"rule": "!has(self.hfCheckpoint) || !has(self.preset)", "message": _PRESET_AND_CHECKPOINT,
          "fieldPath": ".preset"},
-        {
-            "rule": "!has(self.rolloutDtype) || self.rolloutDtype != 'fp8'",
-            "message": FP8_ROLLOUT_MESSAGE,
-            "fieldPath": ".rolloutDtype",
-        },
     )
 
     hf_checkpoint: Optional[str] = Field(
@@ -79,8 +70,12 @@ class ModelSpec(SpecModel):
     )
     rollout_dtype: Literal["bf16", "fp8"] = Field(
         default="bf16",
-        description="Precision of the weights the rollout engines serve: bf16. fp8 (weights quantized at every "
-        "weight sync) is not implemented yet and is refused. Default bf16.",
+        description="Precision of the weights the rollout engines serve. bf16: the engine dtype. fp8: every weight "
+        "sync sends the decoder layers' linear weights block-quantized to float8_e4m3fn (128x128 blocks with "
+        "float32 scales, as SGLang's fp8 checkpoints; embeddings, lm_head, norms and biases stay high-precision), "
+        "about half the bytes of bf16 for them; the built-in engine serves them dequantized (their quantization "
+        "error, not fp8 GEMMs). fp8 needs rollout.engine builtin, a transport other than disk and "
+        "algorithm.tis.enabled (the engine's logprobs then differ from the trainer's). Default bf16.",
     )
 
     @model_validator(mode="after")
@@ -90,8 +85,6 @@ class ModelSpec(SpecModel):
             violations.append(("", _NO_WEIGHTS))
         if self.hf_checkpoint is not None and self.preset is not None:
             violations.append(("preset", _PRESET_AND_CHECKPOINT))
-        if self.rollout_dtype == "fp8":
-            violations.append(("rolloutDtype", FP8_ROLLOUT_MESSAGE))
         if violations:
             raise cross_field_error(violations)
         return self

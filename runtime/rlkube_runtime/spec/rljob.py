@@ -88,6 +88,39 @@ STALENESS_BUFFER_RULE = {
     "messageExpression": f"'{_STALENESS_BELOW_BUFFER}'.format([self.rollout.maxStaleness, self.training.asyncBufferSize])",
     "fieldPath": ".rollout.maxStaleness",
 }
+_FP8 = "!has(self.model.rolloutDtype) || self.model.rolloutDtype != 'fp8' || "
+FP8_ENGINE_MESSAGE = (
+    "model.rolloutDtype fp8 is served by the built-in engine only (rollout.engine: builtin): SGLang would have to "
+    "start from an fp8 block-quantized checkpoint, which rlkube does not write yet; set rollout.engine: builtin or "
+    "model.rolloutDtype: bf16"
+)
+FP8_ENGINE_RULE = {
+    "rule": _FP8 + "(has(self.rollout.engine) && self.rollout.engine == 'builtin')",
+    "message": FP8_ENGINE_MESSAGE,
+    "fieldPath": ".model.rolloutDtype",
+}
+FP8_DISK_MESSAGE = (
+    "training.updateWeightsTransport disk writes the HF directory unquantized, so model.rolloutDtype fp8 would "
+    "serve unquantized weights; use auto, tensor, distributed or http, or model.rolloutDtype: bf16"
+)
+FP8_DISK_RULE = {
+    "rule": _FP8 + "!has(self.training.updateWeightsTransport) || self.training.updateWeightsTransport != 'disk'",
+    "message": FP8_DISK_MESSAGE,
+    "fieldPath": ".training.updateWeightsTransport",
+}
+# The API server fills tis.enabled: false in before anything reads the spec, so "TIS not
+# configured" cannot be told from "TIS off": fp8 asks for it explicitly instead of defaulting it.
+FP8_TIS_MESSAGE = (
+    "model.rolloutDtype fp8 serves quantized weights, so the engine's logprobs differ from the trainer's: set "
+    "algorithm.tis.enabled: true (truncated importance sampling corrects for it), or model.rolloutDtype: bf16"
+)
+FP8_TIS_RULE = {
+    "rule": _FP8 + "(has(self.algorithm) && has(self.algorithm.tis) && has(self.algorithm.tis.enabled) && "
+    "self.algorithm.tis.enabled)",
+    "message": FP8_TIS_MESSAGE,
+    "fieldPath": ".algorithm.tis.enabled",
+}
+FP8_RULES = (FP8_ENGINE_RULE, FP8_DISK_RULE, FP8_TIS_RULE)
 ASYNC_PLACEMENT_RULE = {
     "rule": "self.training.mode != 'async' || !has(self.resources) || self.resources.placement != 'colocated'",
     "message": _ASYNC_COLOCATED,
@@ -103,7 +136,7 @@ class RLJobSpec(SpecModel):
     """
 
     model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE,
-                             REF_UPDATE_RULE, STALENESS_BUFFER_RULE, *BACKEND_RULES)
+                             REF_UPDATE_RULE, STALENESS_BUFFER_RULE, *FP8_RULES, *BACKEND_RULES)
 
     model: ModelSpec = Field(
         description="Policy model: starting weights, checkpoint directories, precision. Required; fixed after creation.",
@@ -178,10 +211,25 @@ class RLJobSpec(SpecModel):
         bound, ahead = self.rollout.max_staleness, self.training.async_buffer_size
         if bound is not None and self.training.mode == "async" and bound < ahead:
             violations.append(("rollout.maxStaleness", _STALENESS_BELOW_BUFFER % (bound, ahead)))
+        violations += fp8_violations(self)
         violations += backend_violations(self)
         if violations:
             raise cross_field_error(violations)
         return self
+
+
+def fp8_violations(spec: "RLJobSpec") -> list[tuple[str, str]]:
+    """What model.rolloutDtype fp8 cannot run with (FP8_RULES, Python side)."""
+    if spec.model.rollout_dtype != "fp8":
+        return []
+    violations = []
+    if spec.rollout.engine != "builtin":
+        violations.append(("model.rolloutDtype", FP8_ENGINE_MESSAGE))
+    if spec.training.update_weights_transport == "disk":
+        violations.append(("training.updateWeightsTransport", FP8_DISK_MESSAGE))
+    if not spec.algorithm.tis.enabled:
+        violations.append(("algorithm.tis.enabled", FP8_TIS_MESSAGE))
+    return violations
 
 
 def batch_violations(rollout: RolloutSpec, training: TrainingSpec) -> list[tuple[str, str]]:

@@ -17,7 +17,9 @@ class SyncPlan:
     (spec.training.updateWeightBufferMb). engine_ranks: an engine's GPUs (tensor-parallel
     ranks), each a member of a `distributed` group. handle_ranks[j]: for `tensor` into engines
     over several GPUs, the trainer ranks on engine j's GPUs in its tensor-parallel order (the
-    first is its pusher); each stages its GPU's payload (`handle_group.HandleGroup`)."""
+    first is its pusher); each stages its GPU's payload (`handle_group.HandleGroup`).
+    quantization: None, or "fp8" (spec.model.rolloutDtype fp8): the decoder layers' linear weights
+    travel as block-quantized e4m3 with their scales (rlkube_runtime/fp8.py)."""
 
     pusher_of_engine: tuple[int, ...] = ()
     transport: str = "http"
@@ -26,6 +28,7 @@ class SyncPlan:
     bucket_bytes: int = 128 << 20
     engine_ranks: int = 1
     handle_ranks: tuple[tuple[int, ...], ...] = ()
+    quantization: str | None = None
 
     @property
     def pushing_ranks(self) -> frozenset[int]:
@@ -75,7 +78,14 @@ def plan_sync(spec, topology, *, disk_dir: str | None = None) -> SyncPlan:
         bucket_bytes=spec.training.update_weight_buffer_mb << 20,
         engine_ranks=engine_ranks,
         handle_ranks=handle_ranks,
+        quantization=rollout_quantization(spec.model.rollout_dtype),
     )
+
+
+def rollout_quantization(rollout_dtype: str) -> str | None:
+    """What the engines' weights are quantized to for spec.model.rolloutDtype: None (bf16: the
+    engine dtype itself) or "fp8"."""
+    return "fp8" if rollout_dtype == "fp8" else None
 
 
 def engine_dtype(model_dtype: str, device: str) -> str:

@@ -14,9 +14,13 @@ Transports, each in SGLang's own API shapes so one sender drives either kind of 
 - `disk`: an HF directory on storage the engines share, then /update_weights_from_disk.
 
 Weights travel in the engines' dtype (bf16 from fp32 master weights halves the bytes), tied
-tensors once, in buckets of at most `bucket_bytes`. The engines are paused and flushed by the
-rollout manager before a push and resumed after it; the weight version is set with the last
-bucket, so an engine never reports a version it has only half loaded.
+tensors once, in buckets of at most `bucket_bytes`. With `quantization="fp8"` (spec.model.rolloutDtype
+fp8) the decoder layers' linear weights are quantized on this rank's device while staged and go as
+`name` (float8_e4m3fn, 128x128 blocks) plus `name_scale_inv` (float32), the rest in the engines'
+dtype (rlkube_runtime/fp8.py); one staging buffer of bytes holds a bucket's tensors of every dtype.
+The engines are paused and flushed by the rollout manager before a push and resumed after it;
+the weight version is set with the last bucket, so an engine never reports a version it has
+only half loaded.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import dataclasses
 import datetime
 import functools
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -37,6 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 from rlkube_runtime.memory import unique_named_tensors
+from rlkube_runtime import fp8
 from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
 from rlkube_runtime.weight_sync.coordinator import SyncReport
 from rlkube_runtime.weight_sync.handle_group import HandleGroup, HandleGroupError
@@ -45,6 +51,10 @@ from rlkube_runtime.weight_sync.plan import TRANSPORTS
 log = logging.getLogger(__name__)
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+QUANTIZATIONS = (None, "fp8")
+# Where each tensor of a bucket starts in the byte staging buffer: a multiple of this (every
+# dtype's itemsize divides it, and CUDA kernels like 16-byte aligned rows).
+STAGING_ALIGN = 256
 
 
 @dataclasses.dataclass
@@ -63,6 +73,7 @@ class WeightSender:
     save_hf: writes an HF directory of the current weights (the `disk` transport).
     engine_ranks: GPUs (tensor-parallel ranks) per engine; a `distributed` group has this rank
     plus all of them.
+    quantization: None, or "fp8": the decoder layers' linear weights go as e4m3 + block scales.
     """
 
     def __init__(
@@ -75,7 +86,10 @@ class WeightSender:
         node_ip: str = "127.0.0.1",  # local only (tests); the trainer passes its node's IP
         save_hf: Callable[[str], Any] | None = None,
         engine_ranks: int = 1,
+        quantization: str | None = None,
     ):
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
         self.model = model
         self.dtype = dtype
         self.bucket_bytes = bucket_bytes
@@ -84,7 +98,8 @@ class WeightSender:
         self._save_hf = save_hf
         self.engine_ranks = engine_ranks
         self._groups: dict[str, _Group] = {}
-        self._staging: torch.Tensor | None = None
+        self.quantization = quantization
+        self._staging: torch.Tensor | None = None  # bytes (uint8): each staged tensor a view into it
 
     def push(self, urls: Sequence[str], *, transport: str, version: str, disk_dir: str | None = None,
              handles: HandleGroup | None = None) -> SyncReport:
@@ -97,6 +112,9 @@ class WeightSender:
         started = time.monotonic()
         report = SyncReport(transport=transport, version=version)
         if transport == "disk":
+            if self.quantization is not None:
+                raise ValueError(f"the disk transport writes the HF directory unquantized; quantization "
+                                 f"{self.quantization!r} goes by 'tensor', 'distributed' or 'http'")
             asyncio.run(self._push_disk(list(urls), version, disk_dir, report))
         else:
             named = dict(unique_named_tensors(self.model))
@@ -104,6 +122,8 @@ class WeightSender:
             buckets = plan_buckets(
                 [(n, tuple(t.shape)) for n, t in named.items()],
                 itemsize=self.dtype.itemsize,
+                itemsizes={n: t.element_size() for n, t in named.items() if not t.is_floating_point()},
+                quantized=self._quantized(named),
                 bucket_bytes=self.bucket_bytes,
                 split_rows=split,
             )
@@ -114,6 +134,12 @@ class WeightSender:
             asyncio.run(push(list(urls), named, buckets, version, report))
         report.seconds = time.monotonic() - started
         return report
+
+    def _quantized(self, named: dict[str, torch.Tensor]) -> frozenset[str]:
+        """The names this push sends as e4m3 + block scales."""
+        if self.quantization != "fp8":
+            return frozenset()
+        return frozenset(n for n, t in named.items() if t.is_floating_point() and fp8.is_quantized_name(n, t.shape))
 
     def close(self) -> None:
         for url in list(self._groups):
@@ -129,9 +155,10 @@ class WeightSender:
             for i, bucket in enumerate(buckets):
                 tensors, offsets = {}, {}
                 for piece in bucket:
-                    tensors[piece.name] = self._cast(_piece_of(named[piece.name], piece), torch.device("cpu"))
-                    if piece.rows is not None:
-                        offsets[piece.name] = piece.rows[0]
+                    for name, tensor, offset in self._transfer_tensors(named, piece):
+                        tensors[name] = tensor.to("cpu")
+                        if offset is not None:
+                            offsets[name] = offset
                 payload = await asyncio.to_thread(encode_named_tensors, tensors, offsets)
                 last = i == len(buckets) - 1
                 live = [u for u in urls if u not in report.failed]
@@ -204,7 +231,7 @@ class WeightSender:
         """One bucket staged (and finished on the GPU) as SGLang's default-format payload."""
         from rlkube_runtime.engine.weights import encode_shared_named_tensors
 
-        pairs = [(p.name, view) for p, view in self._stage(named, bucket)]
+        pairs = self._stage(named, bucket)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return encode_shared_named_tensors(pairs)
@@ -222,12 +249,14 @@ class WeightSender:
                         last = i == len(buckets) - 1
 
                         def broadcast(staged=staged) -> None:
-                            for work in [group.group.broadcast([view], options) for _, view in staged]:
+                            # e4m3 as its bytes: gloo has no float8 type (the receiver takes the
+                            # same bytes into a float8 tensor).
+                            for work in [group.group.broadcast([_as_broadcastable(view)], options) for _, view in staged]:
                                 work.wait()
 
                         await asyncio.gather(
                             admins[url].update_weights_from_distributed(
-                                names=[p.name for p, _ in staged],
+                                names=[name for name, _ in staged],
                                 dtypes=[str(view.dtype).removeprefix("torch.") for _, view in staged],
                                 shapes=[list(view.shape) for _, view in staged],
                                 group_name=group.name,
@@ -306,28 +335,55 @@ class WeightSender:
             except Exception as err:  # the group is being dropped either way
                 log.warning("aborting the weight group of %s failed: %s", url, err)
 
-    def _stage(self, named: dict[str, torch.Tensor], bucket: list[Piece]) -> list[tuple[Piece, torch.Tensor]]:
-        """Copy one bucket into the staging buffer, in the transfer dtype: [(piece, view)]."""
-        floating = [p for p in bucket if named[p.name].is_floating_point()]
-        total = sum(p.nbytes // self.dtype.itemsize for p in floating)
-        buffer = self._buffer(total)
-        staged, offset = [], 0
+    def _stage(self, named: dict[str, torch.Tensor], bucket: list[Piece]) -> list[tuple[str, torch.Tensor]]:
+        """Copy one bucket into the staging buffer, each tensor in its transfer dtype (the engines'
+        dtype; integer buffers their own; quantized weights e4m3 and their scales float32) at an
+        aligned offset of the buffer's bytes: [(name, view)]."""
+        layout, total = [], 0
         for piece in bucket:
-            source = _piece_of(named[piece.name], piece)
-            if not source.is_floating_point():  # integer buffers keep their dtype
-                staged.append((piece, source.detach().to(self.device, copy=True)))
-                continue
-            numel = piece.nbytes // self.dtype.itemsize
-            view = buffer[offset : offset + numel].view(piece.shape)
-            view.copy_(source.detach(), non_blocking=True)
-            staged.append((piece, view))
-            offset += numel
+            for name, shape, dtype in self._outputs(named, piece):
+                layout.append((piece, name, shape, dtype, total))
+                total += -(-math.prod(shape) * dtype.itemsize // STAGING_ALIGN) * STAGING_ALIGN
+        buffer = self._buffer(total)
+        staged = []
+        quantized: dict[Piece, tuple[torch.Tensor, torch.Tensor]] = {}
+        for piece, name, shape, dtype, offset in layout:
+            view = buffer[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            source = _piece_of(named[piece.name], piece).detach()
+            if piece.quantized:
+                if piece not in quantized:  # on this rank's device, in float32
+                    quantized[piece] = fp8.quantize_blockwise(source.to(self.device, non_blocking=True))
+                q, scale = quantized[piece]
+                view.copy_(q if dtype == fp8.FP8_DTYPE else scale)
+            else:
+                view.copy_(source, non_blocking=True)
+            staged.append((name, view))
         return staged
 
-    def _buffer(self, numel: int) -> torch.Tensor:
-        if self._staging is None or self._staging.numel() < numel:
+    def _outputs(self, named: dict[str, torch.Tensor], piece: Piece) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """What `piece` goes out as: [(name, shape, dtype)]."""
+        source = named[piece.name]
+        if piece.quantized:
+            return [(piece.name, piece.shape, fp8.FP8_DTYPE),
+                    (fp8.scale_name(piece.name), fp8.scale_shape(piece.shape), torch.float32)]
+        return [(piece.name, piece.shape, self.dtype if source.is_floating_point() else source.dtype)]
+
+    def _transfer_tensors(self, named, piece: Piece) -> list[tuple[str, torch.Tensor, int | None]]:
+        """`piece` as the tensors that travel (not staged; the `http` transport's), each with the
+        first row it fills (None: the whole tensor). A quantized piece is quantized on this rank's
+        device; its rows start at a block boundary, so its scales are rows start/128 on."""
+        source = _piece_of(named[piece.name], piece).detach()
+        start = piece.rows[0] if piece.rows is not None else None
+        if piece.quantized:
+            q, scale = fp8.quantize_blockwise(source.to(self.device))
+            return [(piece.name, q, start),
+                    (fp8.scale_name(piece.name), scale, None if start is None else start // fp8.BLOCK[0])]
+        return [(piece.name, self._cast(source, torch.device("cpu")), start)]
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        if self._staging is None or self._staging.numel() < nbytes:
             self._staging = None
-            self._staging = torch.empty(max(numel, 1), dtype=self.dtype, device=self.device)
+            self._staging = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
             if self.device.type == "cpu":
                 # Shared memory named by a file: any process of this machine can open it. (The
                 # default passes file descriptors over a socket authenticated with a key that
@@ -339,6 +395,10 @@ class WeightSender:
     def _cast(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         tensor = tensor.detach()
         return tensor.to(device, self.dtype) if tensor.is_floating_point() else tensor.to(device)
+
+
+def _as_broadcastable(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.uint8) if tensor.dtype == fp8.FP8_DTYPE else tensor
 
 
 def _store_client(host: str, port: int, world: int) -> Any:

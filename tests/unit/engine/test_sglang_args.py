@@ -186,3 +186,25 @@ def test_gpus_given_by_id_reach_the_engine_process():
     options = engine_actor_options(_spec(), 0, model_path="/m", log_dir="/l", device="cuda", gpu_ids=(2, 3))
     launch = engine_launch_spec(EngineActor(**options).launch_options())
     assert launch.gpu_ids == (2, 3)
+
+
+def test_an_fp8_rollout_starts_the_builtin_engine_with_quantization_fp8_and_sglang_not_at_all():
+    spec = RLJobSpec.model_validate({
+        "model": {"preset": "tiny", "rolloutDtype": "fp8"},
+        "data": {"promptData": "builtin:digit-successor"},
+        "rollout": {"engine": "builtin", "batchSize": 4, "nSamplesPerPrompt": 2},
+        "reward": {"type": "exact"},
+        "algorithm": {"tis": {"enabled": True}},
+        "training": {"globalBatchSize": 8, "numRollout": 1},
+    })
+    options = engine_actor_options(spec, 0, model_path="/m", log_dir="/l", device="cpu")
+    assert options["quantization"] == "fp8"
+    command = builtin_engine_command(engine_launch_spec(EngineActor(**options).launch_options()), 30000)
+    assert command[command.index("--quantization") + 1] == "fp8"
+    # bf16 (the default) adds nothing to the line.
+    plain = engine_actor_options(_spec(gpusPerEngine=1, engine="builtin"), 0, model_path="/m", log_dir="/l", device="cpu")
+    assert plain["quantization"] is None
+    assert "--quantization" not in builtin_engine_command(engine_launch_spec(EngineActor(**plain).launch_options()), 30000)
+    # The spec refuses fp8 into SGLang; an actor asked for it anyway refuses before starting anything.
+    with pytest.raises(ValueError, match="built-in engine only"):
+        EngineActor(**{**options, "engine": "sglang"}).launch_options()

@@ -107,3 +107,73 @@ async def test_the_disk_transport_keeps_only_the_newest_version(start_engine, ot
         assert sorted(p.name for p in weights.iterdir()) == [f"v{version}"]
     assert engine_of(engine).weight_version == "2"
     _assert_same(await _outputs(engine), expected)
+
+
+@pytest.mark.parametrize("transport", ["tensor", "distributed", "http"])
+async def test_an_fp8_push_sends_e4m3_weights_with_block_scales_and_the_engine_serves_them_dequantized(
+        start_engine, other_model_dir, transport):
+    """quantization fp8: the decoder layers' linear weights go as float8_e4m3fn + float32
+    `_scale_inv` (every other tensor in the engine dtype), mixed in the same buckets; the engine
+    holds exactly the quantize-dequantized weights, and the report counts the bytes sent."""
+    from rlkube_runtime import fp8
+
+    engine = await start_engine()
+    trainer_model = AutoModelForCausalLM.from_pretrained(other_model_dir)
+    named = dict(unique_named_tensors(trainer_model))
+    quantized = {n for n, t in named.items() if fp8.is_quantized_name(n, t.shape)}
+    assert len(quantized) == 7 * trainer_model.config.num_hidden_layers  # q k v o gate up down
+    expected_bytes = sum(fp8.quantized_nbytes(t.shape) if n in quantized else t.numel() * 4 for n, t in named.items())
+    sender = WeightSender(trainer_model, dtype=torch.float32, bucket_bytes=20000, device=torch.device("cpu"),
+                          quantization="fp8")
+    url = str(engine.make_url("")).rstrip("/")
+    try:
+        report = await asyncio.to_thread(sender.push, [url], transport=transport, version="q1")
+    finally:
+        sender.close()
+    assert report.failed == {}
+    assert report.bytes_per_engine == expected_bytes
+    # The quantized part travels at ~1/4 of its float32 bytes (1/2 of bf16).
+    float_bytes = sum(named[n].numel() * 4 for n in quantized)
+    assert sum(fp8.quantized_nbytes(named[n].shape) for n in quantized) < 0.26 * float_bytes
+    served = engine_of(engine).model.state_dict()
+    for name, tensor in named.items():
+        want = fp8.quantize_dequantize(tensor.detach()) if name in quantized else tensor.detach()
+        assert torch.equal(served[name], want), name
+    some = sorted(quantized)[0]
+    assert not torch.equal(served[some], named[some].detach())  # really quantized
+    assert engine_of(engine).weight_version == "q1"
+
+
+async def test_an_fp8_weight_without_its_scales_is_refused_by_name_and_changes_nothing(start_engine):
+    from rlkube_runtime.engine.weights import encode_named_tensors
+
+    engine = await start_engine()
+    before = await _outputs(engine)
+    name = "model.layers.0.mlp.up_proj.weight"
+    shape = engine_of(engine).model.state_dict()[name].shape
+    payload = encode_named_tensors({name: torch.zeros(shape).to(torch.float8_e4m3fn)})
+    response = await engine.post("/update_weights_from_tensor", json={
+        "serialized_named_tensors": [payload], "load_format": "rlkube_safetensors", "weight_version": "bad"})
+    assert response.status == 400, await response.text()
+    assert "up_proj.weight_scale_inv" in await response.text()
+    _assert_same(await _outputs(engine), before)
+
+
+async def test_an_fp8_engine_starts_serving_the_checkpoints_weights_quantize_dequantized(start_engine, tiny_model_dir):
+    """Version 0 at the precision of every later version: the loaded decoder-layer linear weights
+    are replaced by their blockwise e4m3 round trip, the rest kept as loaded."""
+    from rlkube_runtime import fp8
+
+    plain, quantized = await start_engine(), await start_engine(quantization="fp8")
+    loaded = engine_of(plain).model.state_dict()
+    served = engine_of(quantized).model.state_dict()
+    changed = 0
+    for name, tensor in loaded.items():
+        if fp8.is_quantized_name(name, tensor.shape):
+            assert torch.equal(served[name], fp8.quantize_dequantize(tensor)), name
+            changed += not torch.equal(served[name], tensor)
+        else:
+            assert torch.equal(served[name], tensor), name
+    assert changed == 7 * engine_of(plain).model.config.num_hidden_layers
+    info = await (await quantized.get("/get_server_info")).json()
+    assert info["quantization"] == "fp8"

@@ -151,3 +151,10 @@ def test_separate_placement_takes_no_turns():
     assert handoff.to_train() == {} and handoff.to_rollout(synced=True) == {}
     handoff.to_sync(syncing=True)
     assert calls == []
+
+
+def test_an_fp8_rollout_plans_quantized_syncs_and_bf16_none(tmp_path):
+    topo = _topology(placement="colocated", device="cpu", trainer_bundles=[0], engine_bundles=[0])
+    assert plan_sync(_plan(tmp_path).spec, topo).quantization is None
+    fp8 = plan_sync(_plan(tmp_path, model={"rollout_dtype": "fp8"}).spec, topo)
+    assert (fp8.quantization, fp8.dtype) == ("fp8", "float32")  # the rest still in the engine dtype

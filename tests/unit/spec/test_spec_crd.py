@@ -24,6 +24,7 @@ from rlkube_runtime.spec.rljob import (
     BATCH_DIVISIBLE_RULE,
     BATCH_EQUATION_RULE,
     ENGINE_GPUS_RULE,
+    FP8_RULES,
     REF_UPDATE_RULE,
     STALENESS_BUFFER_RULE,
 )
@@ -116,7 +117,7 @@ def _rules_at(dotted: str) -> list[dict[str, str]]:
 def test_crd_carries_every_cross_field_rule():
     assert _rules_at("spec") == [
         BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE, REF_UPDATE_RULE,
-        STALENESS_BUFFER_RULE,
+        STALENESS_BUFFER_RULE, *FP8_RULES,
         *BACKEND_RULES,
     ]
     assert BATCH_EQUATION_RULE["rule"].startswith("!has(self.training.globalBatchSize) || ")
@@ -124,7 +125,7 @@ def test_crd_carries_every_cross_field_rule():
     rules = {where: " ".join(r["rule"] for r in _rules_at(where)) for where in
              ("spec.model", "spec.rollout", "spec.reward", "spec.algorithm", "spec.algorithm.tis", "spec.training")}
     assert "has(self.hfCheckpoint) || has(self.preset) || has(self.load)" in rules["spec.model"]
-    assert "self.rolloutDtype != 'fp8'" in rules["spec.model"]
+    assert "rolloutDtype" not in rules["spec.model"]  # fp8's rules span sections (FP8_RULES)
     assert "self.asyncBufferSize == 1 || (has(self.mode) && self.mode == 'async')" in rules["spec.training"]
     assert "!(self.advantageEstimator in ['ppo'])" in rules["spec.algorithm"]
     assert "self.overSamplingBatchSize > self.batchSize" in rules["spec.rollout"]
@@ -375,8 +376,16 @@ CROSS_FIELD_CASES = [
     ({"parallelism": {"tensor": 3}}, "spec.parallelism", True),
     ({"parallelism": {"sequenceParallel": True}}, "spec.parallelism.sequenceParallel", True),
     ({"parallelism": {"tensor": 2}, "model": {"preset": "tiny", "dtype": "float16"}}, "spec.model.dtype", True),
+    # fp8 rollouts: the built-in engine only, not by disk, with TIS
+    ({"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "algorithm": {"tis": {"enabled": True}},
+      "rollout": {"batchSize": 16, "engine": "sglang"}}, "spec.model.rolloutDtype", True),
+    ({"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"}},
+     "spec.algorithm.tis.enabled", True),
+    ({"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"},
+      "algorithm": {"tis": {"enabled": True}},
+      "training": {"numRollout": 5, "globalBatchSize": 128, "updateWeightsTransport": "disk"}},
+     "spec.training.updateWeightsTransport", True),
     # fields nothing implements yet
-    ({"model": {"preset": "tiny", "rolloutDtype": "fp8"}}, "spec.model.rolloutDtype", True),
     ({"training": {"numRollout": 5, "globalBatchSize": 128, "asyncBufferSize": 2}}, "spec.training.asyncBufferSize", True),
     ({"algorithm": {"advantageEstimator": "ppo"}}, "spec.algorithm.advantageEstimator", True),
     ({"rollout": {"batchSize": 16, "maskOffPolicyInPartialRollout": True}}, "spec.rollout.maskOffPolicyInPartialRollout",
@@ -410,6 +419,10 @@ ACCEPTED_CASES = [
     # auto: megatron for tensor 2 (which fits the 8 GPUs), torch for float16 with nothing split
     {"parallelism": {"tensor": 2, "sequenceParallel": True}},
     {"model": {"preset": "tiny", "dtype": "float16"}},
+    # fp8 rollouts into the built-in engine, with TIS, by any transport but disk, either backend
+    {"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"}, "algorithm": {"tis": {"enabled": True}}},
+    {**MEGATRON, "model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"}, "algorithm": {"tis": {"enabled": True}}},
+    {"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"}, "algorithm": {"tis": {"enabled": True}}, "training": {"numRollout": 5, "globalBatchSize": 128, "updateWeightsTransport": "http"}},
     # a CPU job's rollout pod: the built-in engine on no GPUs
     {"rollout": {"batchSize": 16, "engine": "builtin"}, "resources": {"placement": "separate", "rollout": {"gpus": 0},
                                                                      "trainer": {"gpusPerNode": 0}}},

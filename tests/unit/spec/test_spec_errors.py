@@ -246,13 +246,27 @@ BROKEN = [
         "spec.parallelism.sequenceParallel",
         "sequenceParallel splits activations along the tensor-parallel ranks and needs tensor > 1, got tensor(1)",
     ),
-    # Fields nothing implements yet.
+    # fp8 rollouts: what they cannot run with.
     (
-        "fp8-rollouts",
-        {"spec.model.rolloutDtype": "fp8"},
+        "fp8-with-sglang",
+        {"spec.model.rolloutDtype": "fp8", "spec.rollout.engine": "sglang", "spec.algorithm.tis.enabled": True},
         "spec.model.rolloutDtype",
-        "fp8 is not implemented (weight syncs send the engines bf16 weights and nothing quantizes them); use bf16",
+        "model.rolloutDtype fp8 is served by the built-in engine only (rollout.engine: builtin)",
     ),
+    (
+        "fp8-by-disk",
+        {"spec.model.rolloutDtype": "fp8", "spec.rollout.engine": "builtin", "spec.algorithm.tis.enabled": True,
+         "spec.training.updateWeightsTransport": "disk"},
+        "spec.training.updateWeightsTransport",
+        "training.updateWeightsTransport disk writes the HF directory unquantized",
+    ),
+    (
+        "fp8-without-tis",
+        {"spec.model.rolloutDtype": "fp8", "spec.rollout.engine": "builtin"},
+        "spec.algorithm.tis.enabled",
+        "set algorithm.tis.enabled: true",
+    ),
+    # Fields nothing implements yet.
     (
         "async-buffer-without-async-mode",
         {"spec.training.asyncBufferSize": 3},
