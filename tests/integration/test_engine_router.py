@@ -56,11 +56,38 @@ async def test_the_router_forwards_generate_unchanged(engine_pair, router):
     assert via_router["output_ids"] in direct
 
 
-async def test_client_abort_reaches_every_engine_and_returns_partial_tokens(router):
+async def _engine_states(engines) -> list[dict]:
+    states = []
+    for engine in engines:
+        async with EngineAdmin(engine.url) as admin:
+            states.append((await admin.server_info())["internal_states"][0])
+    return states
+
+
+async def _every_request_has_tokens(engines, requests: int, finished_before: int) -> None:
+    """Wait until all `requests` reached the engines and none waits (each is running, or finished since
+    `finished_before`), then until two decode steps have passed for every running one, so every one holds
+    tokens: a fixed sleep is not enough when the machine is busy."""
+    async def all_admitted():
+        states = await _engine_states(engines)
+        arrived = sum(s["num_running_reqs"] + s["num_finished_reqs"] for s in states) - finished_before
+        return arrived >= requests and not any(s["num_waiting_reqs"] for s in states)
+    await wait_until(all_admitted, timeout_s=60, what=f"{requests} requests admitted")
+    before = await _engine_states(engines)
+
+    async def two_steps_each():
+        now = await _engine_states(engines)
+        return all(n["num_generated_tokens"] - b["num_generated_tokens"] >= 2 * b["num_running_reqs"]
+                   for n, b in zip(now, before))
+    await wait_until(two_steps_each, timeout_s=60, what="two decode steps on every engine")
+
+
+async def test_client_abort_reaches_every_engine_and_returns_partial_tokens(engine_pair, router):
+    finished_before = sum(s["num_finished_reqs"] for s in await _engine_states(engine_pair))
     async with RolloutClient(router.url) as client:
         tasks = [asyncio.ensure_future(client.generate(_request(f"abort-me-{i}", max_new_tokens=3000))) for i in range(4)]
         keep = asyncio.ensure_future(client.generate(_request("keep-me", max_new_tokens=40)))
-        await asyncio.sleep(1.0)
+        await _every_request_has_tokens(engine_pair, requests=5, finished_before=finished_before)
         assert await client.abort("abort-me-") == 4
         results = await asyncio.gather(*tasks)
         assert all(r["meta_info"]["finish_reason"]["type"] == "abort" for r in results)
