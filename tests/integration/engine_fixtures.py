@@ -47,9 +47,14 @@ def router(engine_pair, log_dir, tiny_checkpoint):
     router.stop()
 
 
-async def finished_requests(url: str) -> int:
+async def engine_state(url: str) -> dict:
+    """The engine's request counters: running, waiting, finished, generated tokens."""
     async with EngineAdmin(url) as admin:
-        return (await admin.server_info())["internal_states"][0]["num_finished_reqs"]
+        return (await admin.server_info())["internal_states"][0]
+
+
+async def finished_requests(url: str) -> int:
+    return (await engine_state(url))["num_finished_reqs"]
 
 
 async def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:

@@ -15,6 +15,7 @@ import torch
 from engine_fixtures import (  # noqa: F401  (fixtures)
     FAST_HEALTH_CHECKS,
     engine_pair,
+    engine_state,
     finished_requests,
     log_dir,
     router,
@@ -57,11 +58,7 @@ async def test_the_router_forwards_generate_unchanged(engine_pair, router):
 
 
 async def _engine_states(engines) -> list[dict]:
-    states = []
-    for engine in engines:
-        async with EngineAdmin(engine.url) as admin:
-            states.append((await admin.server_info())["internal_states"][0])
-    return states
+    return [await engine_state(e.url) for e in engines]
 
 
 async def _every_request_has_tokens(engines, requests: int, finished_before: int) -> None:

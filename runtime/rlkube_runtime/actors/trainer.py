@@ -10,9 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlkube_runtime.data.sample import Sample
 from rlkube_runtime.node_network import (
