@@ -102,6 +102,33 @@ RAY_PORTS = [
     {"name": "client", "containerPort": 10001},
     {"name": "metrics", "containerPort": 8080},
 ]
+# KubeRay's readiness checks of a Ray container (initLivenessAndReadinessProbe in ray-operator/
+# controllers/ray/common/pod.go, v1.5): every node's raylet through its dashboard agent, the head's
+# GCS through its dashboard. KubeRay's own probe first looks 10 s after the container starts and then
+# every 5 s, and a RayJob is submitted only once every pod of its cluster is Ready, so each attempt
+# (every restart too) waited up to 15 s for a Ray that is up in a few. The same checks, first at 2 s
+# and then every 2 s, with the same 50 s of failures tolerated once Ready; KubeRay keeps a probe
+# the pod already has (and still adds its liveness probe).
+RAY_AGENT_PORT = 52365
+_HEALTH_CHECK = "wget --tries 1 -T {timeout} -q -O- http://localhost:{port}/{path} | grep success"
+RAYLET_HEALTH = _HEALTH_CHECK.format(timeout=2, port=RAY_AGENT_PORT, path="api/local_raylet_healthz")
+GCS_HEALTH = _HEALTH_CHECK.format(timeout=2, port=RAY_DASHBOARD_PORT, path="api/gcs_healthz")
+READINESS_PERIOD_SECONDS = 2
+READINESS_TOLERATED_SECONDS = 50
+
+
+def ray_readiness_probe(head: bool) -> dict[str, Any]:
+    checks = [RAYLET_HEALTH, GCS_HEALTH] if head else [RAYLET_HEALTH]
+    return {
+        "exec": {"command": ["bash", "-c", " && ".join(checks)]},
+        "initialDelaySeconds": READINESS_PERIOD_SECONDS,
+        "periodSeconds": READINESS_PERIOD_SECONDS,
+        "timeoutSeconds": 5,
+        "successThreshold": 1,
+        "failureThreshold": READINESS_TOLERATED_SECONDS // READINESS_PERIOD_SECONDS,
+    }
+
+
 # The driver (the RayJob's entrypoint, on the head) serves the rlkube_* training series here; the
 # chart's PodMonitor scrapes this port by name.
 RUNTIME_METRICS_PORT = METRICS_PORT
@@ -494,6 +521,7 @@ def _head_group(ref: JobRef, spec: RLJobSpec, attempt: int, image: str, settings
     # SIGTERM must reach the driver before Ray stops under it (spec/contract.py: ENV_DRIVER_PID_FILE);
     # the pod's grace period bounds the wait.
     container["lifecycle"] = {"preStop": {"exec": {"command": list(STOP_DRIVER_COMMAND)}}}
+    container["readinessProbe"] = ray_readiness_probe(head=True)
     # The head runs no GPU work; it takes the trainer's tolerations so it can share tainted GPU
     # nodes when those are all there is, but not its nodeSelector or affinity (it needs no GPU node).
     pod = _pod_spec(ref, spec, container, settings, node_selector={}, tolerations=trainer.tolerations, affinity={})
@@ -517,6 +545,7 @@ def _worker_group(
     resources = _with_gpus(pods.resources, group.gpus_per_pod, pods.gpu_resource_name, field)
     container = _container(ref, spec, attempt, name="ray-worker", image=group.image, resources=resources,
                            role=group.name, settings=settings)
+    container["readinessProbe"] = ray_readiness_probe(head=False)
     pod = _pod_spec(
         ref, spec, container, settings, node_selector=pods.node_selector, tolerations=pods.tolerations,
         affinity=pods.affinity,

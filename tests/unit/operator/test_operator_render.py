@@ -121,6 +121,22 @@ def test_the_heads_prestop_hook_stops_the_driver_it_finds_by_its_pid_file():
         assert "lifecycle" not in _container(group)
 
 
+def test_every_ray_container_is_ready_as_kuberay_checks_it_but_looked_at_every_2_s():
+    """KubeRay's checks (raylet on every node, GCS on the head: a RayJob is submitted only once all
+    pass) with its 50 s of tolerated failures, first looked at 2 s after start instead of 10."""
+    _, rj = _render(SEPARATE)
+    head = _container(rj["spec"]["rayClusterSpec"]["headGroupSpec"])["readinessProbe"]
+    raylet = "wget --tries 1 -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz | grep success"
+    gcs = "wget --tries 1 -T 2 -q -O- http://localhost:8265/api/gcs_healthz | grep success"
+    assert head["exec"]["command"] == ["bash", "-c", f"{raylet} && {gcs}"]
+    assert (head["initialDelaySeconds"], head["periodSeconds"], head["failureThreshold"]) == (2, 2, 25)
+    for group in _groups(rj).values():
+        probe = _container(group)["readinessProbe"]
+        assert probe["exec"]["command"] == ["bash", "-c", raylet]
+        assert probe["periodSeconds"] * probe["failureThreshold"] == 50
+        assert "livenessProbe" not in _container(group)  # KubeRay's own is kept
+
+
 def test_the_head_asks_for_two_cpus_and_8gi_unless_the_job_sizes_it():
     _, rj = _render(SEPARATE)
     assert _container(rj["spec"]["rayClusterSpec"]["headGroupSpec"])["resources"] == {
