@@ -1,10 +1,10 @@
 """Suite-wide: which tests must share one pytest-xdist worker, and the control plane they share.
 
-`make test` runs the suite on two workers (`-n 2 --dist loadgroup`). A session-scoped fixture is
+`make test` runs the suite on three workers (`-n 3 --dist loadgroup`). A session-scoped fixture is
 made once per worker, so the tests that share an expensive one are kept on one worker: everything
 on the shared control plane, everything on the real node (one per machine), and the chaos suite
 (its own control plane and its reference run).
-The rest is spread over both workers as they free up.
+The rest is spread over the workers as they free up.
 
 ``control_plane`` (session scope) is a running tests/controlplane/harness.py ControlPlane: etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, kwok with two fake nodes of 8
