@@ -52,8 +52,9 @@ def receive_into_model(model: torch.nn.Module, group: dist.ProcessGroup, update:
     them unanswered would hang it), then the error is raised and the model is left as it was.
     """
     from rlkube_runtime import fp8
+    from rlkube_runtime.engine.weights import update_targets
 
-    targets = model.state_dict(keep_vars=True)
+    targets = update_targets(model)
     problem = _mismatch(targets, update)
     device = next(model.parameters()).device
     received: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []

@@ -152,6 +152,14 @@ def load_checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def update_targets(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a weight update may name: the model's state dict, where a fused MoE experts
+    parameter also answers to its experts' checkpoint names (views into it: expert_names.py)."""
+    targets = model.state_dict(keep_vars=True)
+    targets.update(list(per_expert_views((k, v.detach()) for k, v in targets.items())))
+    return targets
+
+
 def copy_into_model(
     model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], *, field: str, row_offsets: Mapping[str, int] | None = None
 ) -> int:
@@ -170,9 +178,7 @@ def copy_into_model(
     except ValueError as err:
         raise ProtocolError(field, str(err)) from None
     offsets = row_offsets or {}
-    # A fused MoE experts parameter also answers to its experts' checkpoint names (expert_names.py).
-    targets = model.state_dict(keep_vars=True)
-    targets.update(list(per_expert_views((k, v.detach()) for k, v in targets.items())))
+    targets = update_targets(model)
     unknown = sorted(set(tensors) - set(targets))
     if unknown:
         sample = ", ".join(sorted(targets)[:4])

@@ -64,3 +64,40 @@ def test_a_wrong_expert_shape_is_refused_by_name_and_changes_nothing():
     with pytest.raises(ProtocolError, match=r"experts\.1\.down_proj\.weight' has shape \[8, 16\], the model expects \[16, 8\]"):
         copy_into_model(engine, bad, field="serialized_named_tensors")
     assert all(torch.equal(before[k], v) for k, v in engine.state_dict().items())
+
+
+def test_per_expert_names_broadcast_over_a_weight_update_group_land_in_the_fused_experts():
+    """/update_weights_from_distributed (separate placement) takes the same per-expert names as the
+    in-memory transports: the trainer broadcasts them one by one, the engine receives them straight
+    into its fused parameters' views."""
+    import datetime
+    import socket
+    import threading
+
+    import torch.distributed as dist
+
+    from rlkube_runtime.engine.protocol import DistributedUpdate, GroupSpec
+    from rlkube_runtime.engine.weight_groups import open_group, receive_into_model
+
+    trainer, engine = tiny_moe(0), tiny_moe(1)
+    sent = dict(per_expert_views(unique_named_tensors(trainer)))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    spec = GroupSpec("127.0.0.1", port, rank_offset=1, world_size=2, group_name="g", backend="gloo")
+    update = DistributedUpdate(tuple(sent), tuple(t.dtype for t in sent.values()),
+                               tuple(tuple(t.shape) for t in sent.values()), group_name="g", weight_version="1")
+    received: list[int] = []
+    receiver = threading.Thread(target=lambda: received.append(
+        receive_into_model(engine, open_group(spec, torch.device("cpu"), "127.0.0.1"), update)))
+    receiver.start()
+    sender = dist.ProcessGroupGloo(store, 0, 2, datetime.timedelta(seconds=30))
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    for tensor in sent.values():
+        sender.broadcast([tensor.detach().contiguous()], options).wait()
+    receiver.join(timeout=60)
+    assert received == [len(sent)]
+    for (name, want), got in zip(trainer.state_dict().items(), engine.state_dict().values()):
+        assert torch.equal(want, got), name
