@@ -6,10 +6,12 @@ torch trains data-parallel replicas of the whole model: every setting that split
 (tensor, pipeline, sequenceParallel), selective recompute and Megatron arguments need the
 megatron backend, which `auto` chooses when any of them is set. megatron puts one model replica
 on tensor x pipeline GPUs, so that product must divide the trainer's GPUs (resources.trainer.nodes
-x gpusPerNode); sequence parallelism splits along the tensor ranks. Neither backend builds context
-parallelism (megatron-core's needs TransformerEngine's attention), and RL jobs do not run
-mixture-of-experts models yet (so no expert parallelism): both sizes must be 1, whichever backend
-is asked for.
+x gpusPerNode); sequence parallelism splits along the tensor ranks. Expert parallelism (megatron)
+splits a mixture of experts' experts over ranks carved out of the data-parallel ones, so
+expert x tensor x pipeline must divide the trainer's GPUs too (whether the model has experts, and
+as many as the size divides, is checked where its config.json can be read: model_fit.py).
+Neither backend builds context parallelism (megatron-core's needs TransformerEngine's attention):
+its size must be 1, whichever backend is asked for.
 
 Each rule is written once as a message template with %d placeholders: Python fills it with `%`
 (`backend_violations`, run by `rlkube validate`, the operator and the runtime) and the CRD's CEL
@@ -61,9 +63,10 @@ CONTEXT_MESSAGE = (
     "context(%d) > 1: context parallelism is not built (Megatron-core needs TransformerEngine attention for it; "
     "the megatron backend runs the local layer spec on torch SDPA); use 1"
 )
-EXPERT_MESSAGE = (
-    "expert(%d) > 1: expert parallelism is not run by RL jobs yet (the megatron trainer has it, tested on CPU, "
-    "but the run does not place or sync expert-parallel ranks); use 1: Qwen3-MoE models train with every expert on each rank"
+EXPERT_FIT_MESSAGE = (
+    "expert(%d) x tensor(%d) x pipeline(%d) = %d GPUs must divide the trainer GPUs, "
+    "resources.trainer.nodes(%d) x gpusPerNode(%d) = %d (expert-parallel ranks are data-parallel ranks that "
+    "split the experts among them)"
 )
 FLOAT16_MESSAGE = (
     "float16 needs loss scaling, which the megatron backend does not do; use bfloat16 (or float32), or the torch "
@@ -89,6 +92,7 @@ def _fits(group: str) -> str:
 
 
 _REPLICA = f"{_P}.tensor * {_P}.pipeline"
+_EXPERT_GROUP = f"{_P}.expert * {_REPLICA}"
 
 BACKEND_RULES: tuple[dict[str, str], ...] = (
     *(
@@ -97,16 +101,13 @@ BACKEND_RULES: tuple[dict[str, str], ...] = (
             "messageExpression": _cel_message(TORCH_SIZE_MESSAGE.format(field=size), [f"{_P}.{size}"]),
             "fieldPath": f".parallelism.{size}",
         }
-        for size in ("tensor", "pipeline")
+        for size in ("tensor", "pipeline", "expert")
     ),
-    *(
-        {
-            "rule": f"!has(self.parallelism) || {_P}.{size} == 1",
-            "messageExpression": _cel_message(template, [f"{_P}.{size}"]),
-            "fieldPath": f".parallelism.{size}",
-        }
-        for size, template in (("context", CONTEXT_MESSAGE), ("expert", EXPERT_MESSAGE))
-    ),
+    {
+        "rule": f"!has(self.parallelism) || {_P}.context == 1",
+        "messageExpression": _cel_message(CONTEXT_MESSAGE, [f"{_P}.context"]),
+        "fieldPath": ".parallelism.context",
+    },
     {
         "rule": f"!has(self.parallelism) || !({_IS_TORCH}) || !{_P}.sequenceParallel",
         "message": TORCH_SEQUENCE_PARALLEL_MESSAGE,
@@ -124,6 +125,15 @@ BACKEND_RULES: tuple[dict[str, str], ...] = (
             [f"{_P}.tensor", f"{_P}.pipeline", _REPLICA, f"{_T}.nodes", f"{_T}.gpusPerNode", _TRAINER_GPUS],
         ),
         "fieldPath": ".parallelism",
+    },
+    {
+        "rule": f"!has(self.parallelism) || !{_CHOOSES_MEGATRON} || {_P}.expert == 1 || {_fits(_EXPERT_GROUP)}",
+        "messageExpression": _cel_message(
+            EXPERT_FIT_MESSAGE,
+            [f"{_P}.expert", f"{_P}.tensor", f"{_P}.pipeline", _EXPERT_GROUP, f"{_T}.nodes", f"{_T}.gpusPerNode",
+             _TRAINER_GPUS],
+        ),
+        "fieldPath": ".parallelism.expert",
     },
     {
         "rule": f"!has(self.parallelism) || !{_CHOOSES_MEGATRON} || !{_P}.sequenceParallel || {_P}.tensor > 1",
@@ -178,13 +188,12 @@ def backend_violations(spec: Any) -> list[tuple[str, str]]:
     backend, _ = chosen_backend(spec)
     violations: list[tuple[str, str]] = []
     if backend == "torch":
-        for size in ("tensor", "pipeline"):
+        for size in ("tensor", "pipeline", "expert"):
             value = getattr(par, size)
             if value != 1:
                 violations.append((f"parallelism.{size}", TORCH_SIZE_MESSAGE.format(field=size) % value))
-    for size, template in (("context", CONTEXT_MESSAGE), ("expert", EXPERT_MESSAGE)):
-        if getattr(par, size) != 1:
-            violations.append((f"parallelism.{size}", template % getattr(par, size)))
+    if par.context != 1:
+        violations.append(("parallelism.context", CONTEXT_MESSAGE % par.context))
     if backend == "torch":
         if par.sequence_parallel:
             violations.append(("parallelism.sequenceParallel", TORCH_SEQUENCE_PARALLEL_MESSAGE))
@@ -198,6 +207,10 @@ def backend_violations(spec: Any) -> list[tuple[str, str]]:
         if group != 1 and (gpus < group or gpus % group):
             violations.append(("parallelism", REPLICA_FIT_MESSAGE % (
                 par.tensor, par.pipeline, group, trainer.nodes, trainer.gpus_per_node, gpus)))
+        experts = par.expert * group
+        if par.expert != 1 and (gpus < experts or gpus % experts):
+            violations.append(("parallelism.expert", EXPERT_FIT_MESSAGE % (
+                par.expert, par.tensor, par.pipeline, experts, trainer.nodes, trainer.gpus_per_node, gpus)))
         if par.sequence_parallel and par.tensor == 1:
             violations.append(("parallelism.sequenceParallel", SEQUENCE_PARALLEL_MESSAGE % par.tensor))
         if spec.model.dtype == "float16":

@@ -40,7 +40,7 @@ OWNED = {
     "use_cpu_initialization": "the backend (on when there is no GPU)",
 }
 
-# MoE fields: refused while RL jobs do not run mixture-of-experts models (spec/model_fit.py).
+# MoE fields: the router and experts come from the model's config.json (trainer/megatron/model.py), not from here.
 _MOE_PREFIXES = ("moe_", "num_moe_experts", "expert_")
 
 _TYPE_CHECKS = {
@@ -64,7 +64,7 @@ def megatron_arg_problem(key: str, value: Any) -> str | None:
     if name in OWNED:
         return f"set by {OWNED[name]}; remove it here"
     if name.startswith(_MOE_PREFIXES):
-        return "a mixture-of-experts setting; RL jobs do not run mixture-of-experts models yet; remove it"
+        return "a mixture-of-experts setting; RL jobs build the router from the model's config.json (routed as its HF block, no auxiliary loss); remove it"
     kind = TRANSFORMER_FIELDS.get(name) or OPTIMIZER_FIELDS.get(name)
     if kind is None:
         return (f"not a field of megatron-core {MEGATRON_CORE_VERSION}'s TransformerConfig or OptimizerConfig "

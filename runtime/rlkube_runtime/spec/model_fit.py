@@ -32,8 +32,8 @@ def expert_count_key(config: Mapping[str, Any]) -> str | None:
     return next((key for key in _EXPERT_COUNT_KEYS if (config.get(key) or 0) > 1), None)
 
 
-def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Where tensor/pipeline sizes do not divide the model of this config.json."""
+def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any], *, expert: int = 1) -> list[tuple[str, str]]:
+    """Where tensor/pipeline/expert sizes do not divide the model of this config.json."""
     heads = config["num_attention_heads"]
     parts = (("attention heads", heads), ("key/value heads", config.get("num_key_value_heads") or heads),
              ("vocabulary entries", config["vocab_size"]), ("MLP channels", config["intermediate_size"]))
@@ -42,6 +42,13 @@ def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any]) -> l
     layers = config["num_hidden_layers"]
     if layers % pipeline:
         violations.append(("parallelism.pipeline", f"{pipeline} does not divide the model's {layers} layers"))
+    if expert > 1:
+        key = expert_count_key(config)
+        if key is None:
+            violations.append(("parallelism.expert", f"{expert} splits a mixture of experts' experts; the model "
+                               f"({config.get('model_type')}) is dense"))
+        elif config[key] % expert:
+            violations.append(("parallelism.expert", f"{expert} does not divide the model's {config[key]} experts"))
     return violations
 
 
@@ -58,7 +65,8 @@ def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str
     if model_type not in MEGATRON_MODEL_TYPES:
         return [("training.backend", f"megatron converts HF model types {list(MEGATRON_MODEL_TYPES)}; the "
                  f"checkpoint's config.json has model_type {model_type!r}")]
-    violations = split_violations(spec.parallelism.tensor, spec.parallelism.pipeline, config)
+    par = spec.parallelism
+    violations = split_violations(par.tensor, par.pipeline, config, expert=par.expert)
     if chosen_backend(spec)[0] != backend:  # `auto` chose megatron for this model: megatron's rules apply
         violations = backend_violations(with_backend(spec, backend)) + violations
     return violations

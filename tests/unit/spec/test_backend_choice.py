@@ -95,6 +95,18 @@ def test_split_violations_name_what_the_size_does_not_divide():
     ]
 
 
+def test_expert_parallelism_needs_experts_it_divides(good_doc):
+    moe = {**QWEN3_SMALL, "model_type": "qwen3_moe", "num_experts": 8}
+    assert split_violations(1, 1, moe, expert=4) == []
+    assert split_violations(1, 1, moe, expert=3) == [("parallelism.expert", "3 does not divide the model's 8 experts")]
+    assert split_violations(1, 1, QWEN3_SMALL, expert=2) == [
+        ("parallelism.expert", "2 splits a mixture of experts' experts; the model (qwen3) is dense")]
+    ep2 = _spec(good_doc, parallelism={"expert": 2})
+    assert model_fit_violations(ep2, moe) == []
+    assert model_fit_violations(ep2, QWEN3_SMALL) == [
+        ("parallelism.expert", "2 splits a mixture of experts' experts; the model (qwen3) is dense")]
+
+
 def test_model_fit_takes_qwen3_moe_and_refuses_other_mixtures_of_experts_and_unknown_architectures(good_doc):
     torch_spec = parse_rljob(good_doc).spec
     assert expert_count_key(QWEN3_SMALL) is None

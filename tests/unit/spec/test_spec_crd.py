@@ -361,11 +361,12 @@ CROSS_FIELD_CASES = [
     ({**TORCH, "parallelism": {"pipeline": 2}}, "spec.parallelism.pipeline", True),
     ({**TORCH, "parallelism": {"sequenceParallel": True}}, "spec.parallelism.sequenceParallel", True),
     ({**TORCH, "parallelism": {"recompute": "selective"}}, "spec.parallelism.recompute", True),
-    # context and expert parallelism: no backend builds them
+    # context parallelism: no backend builds it; expert parallelism: megatron's, within the trainer GPUs
     ({"parallelism": {"context": 4}}, "spec.parallelism.context", True),
-    ({"parallelism": {"expert": 8}}, "spec.parallelism.expert", True),
     ({**TORCH, "parallelism": {"context": 2}}, "spec.parallelism.context", True),
-    ({**MEGATRON, "parallelism": {"tensor": 2, "expert": 4}}, "spec.parallelism.expert", True),
+    ({**TORCH, "parallelism": {"expert": 2}}, "spec.parallelism.expert", True),
+    ({**MEGATRON, "parallelism": {"tensor": 4, "expert": 4}}, "spec.parallelism.expert", True),
+    ({"parallelism": {"expert": 3}}, "spec.parallelism.expert", True),
     ({**MEGATRON, "parallelism": {"tensor": 3}}, "spec.parallelism", True),
     ({**MEGATRON, "parallelism": {"pipeline": 3}}, "spec.parallelism", True),
     ({**MEGATRON, "parallelism": {"tensor": 4, "pipeline": 4}}, "spec.parallelism", True),
@@ -413,6 +414,8 @@ ACCEPTED_CASES = [
                    "opsm": {"enabled": True, "delta": 0.001}}},
     {**MEGATRON, "parallelism": {"tensor": 2, "pipeline": 2, "sequenceParallel": True}},
     {**MEGATRON, "parallelism": {"tensor": 2, "recompute": "selective"}},
+    {**MEGATRON, "parallelism": {"tensor": 2, "expert": 4}},
+    {"parallelism": {"expert": 8}},  # auto: megatron, 8 expert-parallel ranks on the 8 GPUs
     {**MEGATRON, "parallelism": {"tensor": 4}, "resources": {"placement": "colocated", "trainer": {"nodes": 3, "gpusPerNode": 4}}},
     {**MEGATRON, "resources": {"placement": "colocated", "trainer": {"gpusPerNode": 0}}},
     {**MEGATRON, "model": {"preset": "tiny", "megatronArgs": {"attention-softmax-in-fp32": True}}},

@@ -205,7 +205,7 @@ BROKEN = [
         "megatron-args-mixture-of-experts",
         {"spec.model.megatronArgs": {"moe-router-topk": 2}},
         "spec.model.megatronArgs.moe-router-topk",
-        "a mixture-of-experts setting; RL jobs do not run mixture-of-experts models yet; remove it",
+        "a mixture-of-experts setting; RL jobs build the router from the model's config.json (routed as its HF block, no auxiliary loss); remove it",
     ),
     (
         "megatron-replica-larger-than-trainer",
@@ -222,11 +222,17 @@ BROKEN = [
         "resources.trainer.nodes(3) x gpusPerNode(2) = 6",
     ),
     (
-        "no-expert-parallelism",
+        "expert-parallelism-larger-than-trainer",
         {"spec.training.backend": "megatron", "spec.parallelism": {"tensor": 4, "expert": 4}},
         "spec.parallelism.expert",
-        "expert(4) > 1: expert parallelism is not run by RL jobs yet (the megatron trainer has it, tested on CPU, "
-        "but the run does not place or sync expert-parallel ranks); use 1: Qwen3-MoE models train with every expert on each rank",
+        "expert(4) x tensor(4) x pipeline(1) = 16 GPUs must divide the trainer GPUs, resources.trainer.nodes(1) x "
+        "gpusPerNode(8) = 8 (expert-parallel ranks are data-parallel ranks that split the experts among them)",
+    ),
+    (
+        "torch-expert-parallelism",
+        {"spec.training.backend": "torch", "spec.parallelism": {"expert": 2}},
+        "spec.parallelism.expert",
+        "expert(2) > 1 splits the model over GPUs, which the torch backend cannot do",
     ),
     (
         "no-context-parallelism",

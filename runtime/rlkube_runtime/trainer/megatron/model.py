@@ -207,16 +207,11 @@ def check_divisible(arch: HFArchitecture, sizes: ParallelSizes) -> None:
     spec's own check, spec/model_fit.py, for callers that hold an architecture)."""
     config = {"num_attention_heads": arch.num_heads, "num_key_value_heads": arch.num_kv_heads,
               "vocab_size": arch.vocab_size, "intermediate_size": arch.ffn_hidden_size,
-              "num_hidden_layers": arch.num_layers}
-    for field, message in split_violations(sizes.tensor, sizes.pipeline, config):
+              "num_hidden_layers": arch.num_layers, "num_experts": arch.num_experts, "model_type": arch.model_type}
+    for field, message in split_violations(sizes.tensor, sizes.pipeline, config, expert=sizes.expert):
         raise ValueError(f"spec.{field}: {message}")
     if sizes.sequence_parallel and sizes.tensor == 1:
         raise ValueError("spec.parallelism.sequenceParallel: true needs spec.parallelism.tensor > 1")
-    if sizes.expert > 1 and not arch.num_experts:
-        raise ValueError(f"spec.parallelism.expert: {sizes.expert} needs a mixture-of-experts model; "
-                         f"{arch.model_type} is dense")
-    if arch.num_experts % sizes.expert:
-        raise ValueError(f"spec.parallelism.expert: {sizes.expert} does not divide the model's {arch.num_experts} experts")
 
 
 def split_megatron_args(args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
