@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from harness import _free_ports
 from local_runs import read_jsonl, start_run, write_local_tiny
 
 pytest.importorskip("megatron.core", reason="the megatron extra (megatron-core) is not installed")
@@ -89,17 +89,6 @@ def pod_layout_ray():
         head.wait()
         _kill_session(head.pid)
         shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _kill_session(session: int) -> None:
