@@ -120,6 +120,22 @@ def stop_run_after(job: Path, out: Path, rollouts: int) -> LocalRun:
     return run
 
 
+def kill_until_gone(find_pids: Callable[[], list[int]], timeout_s: float = 15) -> None:
+    """SIGKILL every process `find_pids()` names, as `ray stop --force` does but only to those; again
+    until it names none, in case one was being started as the others died."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = find_pids()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+
+
 # The run's own processes: the driver, its actors and the engines (not Ray's agents and daemons).
 _RUN_PROCESS_MARKERS = ("rlkube_runtime", "ray::RolloutManager", "ray::TrainerWorker", "ray::EngineActor")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -12,13 +12,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from harness import _free_ports
-from local_runs import read_jsonl, start_run, write_local_tiny
+from local_runs import kill_until_gone, read_jsonl, start_run, write_local_tiny
 
 pytest.importorskip("megatron.core", reason="the megatron extra (megatron-core) is not installed")
 pytestmark = [pytest.mark.slow]
@@ -87,30 +86,21 @@ def pod_layout_ray():
     finally:
         os.killpg(head.pid, signal.SIGKILL)
         head.wait()
-        _kill_session(head.pid)
+        kill_until_gone(lambda: _session_pids(head.pid))
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _kill_session(session: int) -> None:
-    """SIGKILL every process left in `session` (Ray's daemons and workers), until none is."""
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        left = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == session:  # after the name: state, ppid, pgrp, session
-                left.append(int(stat.parent.name))
-        if not left:
-            return
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
+def _session_pids(session: int) -> list[int]:
+    """Every live process of `session` (Ray's daemons and workers)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if int(fields[3]) == session:  # after the name: state, ppid, pgrp, session
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 EP_ROLLOUTS = 30

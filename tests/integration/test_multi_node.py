@@ -18,15 +18,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
-from local_runs import read_jsonl, start_run, write_local_tiny
+from local_runs import kill_until_gone, read_jsonl, start_run, write_local_tiny
 
 pytestmark = [pytest.mark.slow]
 
@@ -82,19 +80,7 @@ def _tear_down_network() -> None:
     """Every process in the namespaces (Ray's and the run's, by id), then namespaces and links."""
     existing = _ip("netns", "list", check=False).stdout
     namespaces = [ns for ns in NODES if ns in existing]
-    # SIGKILL, as `ray stop --force` does, but only to the processes of these namespaces; again
-    # until none is left, in case one was being started as the others died.
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        pids = [int(p) for ns in namespaces for p in _ip("netns", "pids", ns, check=False).stdout.split()]
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
+    kill_until_gone(lambda: [int(p) for ns in namespaces for p in _ip("netns", "pids", ns, check=False).stdout.split()])
     for i, ns in enumerate(NODES):
         _ip("netns", "del", ns, check=False)
         _ip("link", "del", f"rlk{TAG}v{i}", check=False)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from rlkube_runtime.engine.protocol import DistributedUpdate, GroupSpec, ProtocolError
+from rlkube_runtime.engine.weights import update_targets
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,6 @@ def receive_into_model(model: torch.nn.Module, group: dist.ProcessGroup, update:
     them unanswered would hang it), then the error is raised and the model is left as it was.
     """
     from rlkube_runtime import fp8
-    from rlkube_runtime.engine.weights import update_targets
 
     targets = update_targets(model)
     problem = _mismatch(targets, update)

@@ -181,6 +181,11 @@ def with_backend(spec: Any, backend: str) -> Any:
     return spec.model_copy(update={"training": spec.training.model_copy(update={"backend": backend})})
 
 
+def _divides(group: int, gpus: int) -> bool:
+    """`group` GPUs divide the trainer's `gpus` (a group of 1 always does): `_fits` in Python."""
+    return group == 1 or (gpus >= group and gpus % group == 0)
+
+
 def backend_violations(spec: Any) -> list[tuple[str, str]]:
     """The settings of `spec` (an RLJobSpec) its trainer backend cannot honour, as (path relative to
     spec, message) pairs in BACKEND_RULES' order; empty when it can honour them all."""
@@ -204,11 +209,11 @@ def backend_violations(spec: Any) -> list[tuple[str, str]]:
     if backend == "megatron":
         gpus = trainer.nodes * trainer.gpus_per_node
         group = par.tensor * par.pipeline
-        if group != 1 and (gpus < group or gpus % group):
+        if not _divides(group, gpus):
             violations.append(("parallelism", REPLICA_FIT_MESSAGE % (
                 par.tensor, par.pipeline, group, trainer.nodes, trainer.gpus_per_node, gpus)))
         experts = par.expert * group
-        if par.expert != 1 and (gpus < experts or gpus % experts):
+        if par.expert != 1 and not _divides(experts, gpus):
             violations.append(("parallelism.expert", EXPERT_FIT_MESSAGE % (
                 par.expert, par.tensor, par.pipeline, experts, trainer.nodes, trainer.gpus_per_node, gpus)))
         if par.sequence_parallel and par.tensor == 1:

@@ -71,7 +71,6 @@ def test_per_expert_names_broadcast_over_a_weight_update_group_land_in_the_fused
     in-memory transports: the trainer broadcasts them one by one, the engine receives them straight
     into its fused parameters' views."""
     import datetime
-    import socket
     import threading
 
     import torch.distributed as dist
@@ -81,11 +80,8 @@ def test_per_expert_names_broadcast_over_a_weight_update_group_land_in_the_fused
 
     trainer, engine = tiny_moe(0), tiny_moe(1)
     sent = dict(per_expert_views(unique_named_tensors(trainer)))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    store = dist.TCPStore("127.0.0.1", port, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
-    spec = GroupSpec("127.0.0.1", port, rank_offset=1, world_size=2, group_name="g", backend="gloo")
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    spec = GroupSpec("127.0.0.1", store.port, rank_offset=1, world_size=2, group_name="g", backend="gloo")
     update = DistributedUpdate(tuple(sent), tuple(t.dtype for t in sent.values()),
                                tuple(tuple(t.shape) for t in sent.values()), group_name="g", weight_version="1")
     received: list[int] = []
