@@ -112,12 +112,13 @@ def test_a_mixture_of_experts_split_over_two_expert_parallel_ranks_learns_with_e
     each rank trains 4 of the experts (its checkpoint shards hold only those), the weight sync
     gathers all 8 to the engine, whose log-probs of what it generated stay the trainer's to float
     rounding at a learning rate that moves every expert each step (an expert left behind: 0.1 and
-    more), and the reward climbs from chance (1 in 19)."""
+    more), and the reward climbs from chance (1 in 19), a load-balancing loss on."""
     from rlkube_runtime.tiny.model import build_tiny_checkpoint
 
     model = build_tiny_checkpoint(tmp_path / "moe", hidden_size=32, experts=8)
     job = write_local_tiny(tmp_path, "moe-ep2", **{
-        "spec.model": {"hfCheckpoint": str(model), "dtype": "float32"},
+        # With the load-balancing loss megatron-core's recipes use, through every rule that admits it.
+        "spec.model": {"hfCheckpoint": str(model), "dtype": "float32", "megatronArgs": {"moe-aux-loss-coeff": 1e-3}},
         "spec.training.numRollout": EP_ROLLOUTS, "spec.training.backend": "megatron",
         "spec.training.optimizer.lr": 5e-2,
         "spec.checkpoint.interval": EP_ROLLOUTS,

@@ -220,5 +220,5 @@ def backend_violations(spec: Any) -> list[tuple[str, str]]:
             violations.append(("parallelism.sequenceParallel", SEQUENCE_PARALLEL_MESSAGE % par.tensor))
         if spec.model.dtype == "float16":
             violations.append(("model.dtype", FLOAT16_MESSAGE))
-        violations += megatron_args_violations(spec.model.megatron_args)
+        violations += megatron_args_violations(spec.model.megatron_args, pipeline=par.pipeline, expert=par.expert)
     return violations

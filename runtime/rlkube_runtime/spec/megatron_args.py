@@ -42,6 +42,13 @@ OWNED = {
 
 # MoE fields: the router and experts come from the model's config.json (trainer/megatron/model.py), not from here.
 _MOE_PREFIXES = ("moe_", "num_moe_experts", "expert_")
+# ...except the load-balancing losses, which change the objective and not the routing. The trainer
+# weighs them as Megatron-LM does (each micro-batch's loss over the micro-batch count, averaged over
+# data-parallel ranks) and leaves out the zero-weight micro-batches that even the expert ranks' work.
+# global_aux_loss keeps token counts across steps (reset by Megatron-LM's own training loop) and
+# sinkhorn routes differently from the engine's HF block: neither is offered.
+MOE_LOSS_KEYS = ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_load_balancing_type")
+MOE_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "none")
 
 _TYPE_CHECKS = {
     "bool": lambda v: isinstance(v, bool),
@@ -63,8 +70,11 @@ def megatron_arg_problem(key: str, value: Any) -> str | None:
         return "the architecture comes from the HF checkpoint's config.json; remove it"
     if name in OWNED:
         return f"set by {OWNED[name]}; remove it here"
+    if name in MOE_LOSS_KEYS:
+        return _moe_loss_problem(name, value)
     if name.startswith(_MOE_PREFIXES):
-        return "a mixture-of-experts setting; RL jobs build the router from the model's config.json (routed as its HF block, no auxiliary loss); remove it"
+        return ("a mixture-of-experts setting; RL jobs build the router from the model's config.json (routed as its "
+                f"HF block); of the MoE keys only {', '.join(MOE_LOSS_KEYS)} can be set; remove it")
     kind = TRANSFORMER_FIELDS.get(name) or OPTIMIZER_FIELDS.get(name)
     if kind is None:
         return (f"not a field of megatron-core {MEGATRON_CORE_VERSION}'s TransformerConfig or OptimizerConfig "
@@ -77,10 +87,42 @@ def megatron_arg_problem(key: str, value: Any) -> str | None:
     return None
 
 
-def megatron_args_violations(args: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(path relative to spec, message) for every megatronArgs key the megatron backend cannot set."""
-    return [(f"model.megatronArgs.{key}", problem) for key, value in (args or {}).items()
-            if (problem := megatron_arg_problem(key, value)) is not None]
+def _moe_loss_problem(name: str, value: Any) -> str | None:
+    if name == "moe_router_load_balancing_type":
+        if value not in MOE_BALANCING_TYPES:
+            return f"{value!r} is not one of {list(MOE_BALANCING_TYPES)}"
+        return None
+    if name == "moe_z_loss_coeff" and value is None:
+        return None
+    if not _TYPE_CHECKS["float"](value) or value < 0:
+        return f"{value!r} is not a float >= 0"
+    return None
+
+
+def moe_loss_keys(args: Mapping[str, Any] | None) -> list[str]:
+    """The megatronArgs keys (as written) that set a mixture-of-experts load-balancing loss."""
+    return [key for key in (args or {}) if megatron_arg_name(key) in MOE_LOSS_KEYS]
+
+
+def megatron_args_violations(args: Mapping[str, Any], *, pipeline: int = 1, expert: int = 1) -> list[tuple[str, str]]:
+    """(path relative to spec, message) for every megatronArgs key the megatron backend cannot
+    set, alone or beside the others and the parallel sizes."""
+    violations = [(f"model.megatronArgs.{key}", problem) for key, value in (args or {}).items()
+                  if (problem := megatron_arg_problem(key, value)) is not None]
+    named = {megatron_arg_name(key): key for key in (args or {})}
+    coeff_key = named.get("moe_aux_loss_coeff")
+    balancing = args.get(named["moe_router_load_balancing_type"]) if "moe_router_load_balancing_type" in named else None
+    if coeff_key and balancing == "none" and _TYPE_CHECKS["float"](args[coeff_key]) and args[coeff_key] > 0:
+        violations.append((f"model.megatronArgs.{coeff_key}", "an auxiliary loss needs "
+                           "moe_router_load_balancing_type aux_loss or seq_aux_loss (it is none here)"))
+    if pipeline > 1 and expert > 1:
+        # megatron-core's 1F1B schedule gives every micro-batch one aux-loss scale, the
+        # zero-weight ones that even the expert ranks' work included.
+        for key in moe_loss_keys(args):
+            violations.append((f"model.megatronArgs.{key}", f"not with both spec.parallelism.pipeline ({pipeline}) and "
+                               f"spec.parallelism.expert ({expert}) above 1: the pipeline schedule would count the "
+                               "load-balancing loss of the empty micro-batches that keep expert ranks in step"))
+    return violations
 
 
 def megatron_arg_target(key: str) -> str:

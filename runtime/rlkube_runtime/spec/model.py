@@ -55,8 +55,12 @@ class ModelSpec(SpecModel):
     )
     megatron_args: ScalarMap = Field(
         default_factory=dict,
-        description="Extra Megatron-core arguments, passed as --<key> <value> (true -> a bare flag, false -> "
-        "omitted). Keys without the leading dashes, e.g. {num-layers: 36}. Default: none.",
+        description="Extra megatron-core TransformerConfig or OptimizerConfig settings for the megatron backend, "
+        "keyed by Megatron-LM flag names without the dashes (true sets a flag, false leaves it at its default), e.g. "
+        "{attention-softmax-in-fp32: true}. The architecture comes from config.json and the parallel sizes from "
+        "spec.parallelism, so such keys are refused; of the mixture-of-experts keys only the load-balancing losses "
+        "can be set (moe-aux-loss-coeff, moe-z-loss-coeff, moe-router-load-balancing-type: aux_loss, seq_aux_loss "
+        "or none). Default: none.",
     )
     trust_remote_code: bool = Field(
         default=False,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .backend_rules import backend_violations, chosen_backend, with_backend
+from .megatron_args import moe_loss_keys
 
 # The HF model types the megatron backend converts (trainer/megatron/model.py builds them).
 MEGATRON_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -67,6 +68,10 @@ def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str
                  f"checkpoint's config.json has model_type {model_type!r}")]
     par = spec.parallelism
     violations = split_violations(par.tensor, par.pipeline, config, expert=par.expert)
+    if not moe:
+        violations += [(f"model.megatronArgs.{key}", f"a mixture-of-experts loss, and the model (config.json "
+                        f"model_type {model_type!r}) has no experts; remove it")
+                       for key in moe_loss_keys(spec.model.megatron_args)]
     if chosen_backend(spec)[0] != backend:  # `auto` chose megatron for this model: megatron's rules apply
         violations = backend_violations(with_backend(spec, backend)) + violations
     return violations

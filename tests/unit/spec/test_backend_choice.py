@@ -56,6 +56,15 @@ def test_auto_chooses_megatron_for_a_mixture_of_experts_and_then_holds_it_to_meg
     assert model_fit_violations(_spec(good_doc, training={"backend": "torch"}), moe) == []
 
 
+def test_load_balancing_losses_are_refused_on_a_dense_model_and_accepted_on_a_mixture_of_experts(good_doc):
+    moe = {**QWEN3_SMALL, "model_type": "qwen3_moe", "num_experts": 8}
+    spec = _spec(good_doc, model={"megatronArgs": {"moe-aux-loss-coeff": 0.01, "moe_z_loss_coeff": 0.001}})
+    assert model_fit_violations(spec, moe) == []
+    assert model_fit_violations(spec, QWEN3_SMALL) == [
+        (f"model.megatronArgs.{key}", "a mixture-of-experts loss, and the model (config.json model_type "
+         f"{QWEN3_SMALL['model_type']!r}) has no experts; remove it") for key in ("moe-aux-loss-coeff", "moe_z_loss_coeff")]
+
+
 def test_megatron_arg_keys_are_checked_against_megatron_cores_fields():
     assert megatron_arg_problem("attention-softmax-in-fp32", True) is None
     assert megatron_arg_problem("--hidden-dropout", 0.0) is None  # dashes and underscores both name the field
@@ -67,6 +76,10 @@ def test_megatron_arg_keys_are_checked_against_megatron_cores_fields():
     assert megatron_arg_problem("clip-grad", 1.0) == "set by spec.training.optimizer.clipGrad; remove it here"
     assert megatron_arg_target("use-precision-aware-optimizer") == "optimizer"
     assert megatron_arg_target("attention-softmax-in-fp32") == "model"
+    assert megatron_arg_problem("moe-aux-loss-coeff", 0.01) is None
+    assert megatron_arg_problem("moe-z-loss-coeff", None) is None  # null: megatron-core's own default
+    assert megatron_arg_problem("moe-router-load-balancing-type", "seq_aux_loss") is None
+    assert megatron_arg_problem("moe-aux-loss-coeff", [0.01]) == "[0.01] is not a float >= 0"
 
 
 def test_generated_megatron_fields_match_the_installed_megatron_core():

@@ -205,7 +205,34 @@ BROKEN = [
         "megatron-args-mixture-of-experts",
         {"spec.model.megatronArgs": {"moe-router-topk": 2}},
         "spec.model.megatronArgs.moe-router-topk",
-        "a mixture-of-experts setting; RL jobs build the router from the model's config.json (routed as its HF block, no auxiliary loss); remove it",
+        "a mixture-of-experts setting; RL jobs build the router from the model's config.json (routed as its HF block); "
+        "of the MoE keys only moe_aux_loss_coeff, moe_z_loss_coeff, moe_router_load_balancing_type can be set; remove it",
+    ),
+    (
+        "megatron-args-balancing-type-unknown",
+        {"spec.model.megatronArgs": {"moe-router-load-balancing-type": "sinkhorn"}},
+        "spec.model.megatronArgs.moe-router-load-balancing-type",
+        "'sinkhorn' is not one of ['aux_loss', 'seq_aux_loss', 'none']",
+    ),
+    (
+        "megatron-args-aux-loss-negative",
+        {"spec.model.megatronArgs": {"moe-aux-loss-coeff": -0.01}},
+        "spec.model.megatronArgs.moe-aux-loss-coeff",
+        "-0.01 is not a float >= 0",
+    ),
+    (
+        "megatron-args-aux-loss-without-balancing",
+        {"spec.model.megatronArgs": {"moe-aux-loss-coeff": 0.01, "moe-router-load-balancing-type": "none"}},
+        "spec.model.megatronArgs.moe-aux-loss-coeff",
+        "an auxiliary loss needs moe_router_load_balancing_type aux_loss or seq_aux_loss (it is none here)",
+    ),
+    (
+        "megatron-args-aux-loss-with-pipeline-and-experts",
+        {"spec.model.megatronArgs": {"moe-z-loss-coeff": 0.001}, "spec.parallelism": {"pipeline": 2, "expert": 2},
+         "spec.resources.trainer": {"nodes": 1, "gpusPerNode": 4}},
+        "spec.model.megatronArgs.moe-z-loss-coeff",
+        "not with both spec.parallelism.pipeline (2) and spec.parallelism.expert (2) above 1: the pipeline schedule "
+        "would count the load-balancing loss of the empty micro-batches that keep expert ranks in step",
     ),
     (
         "megatron-replica-larger-than-trainer",

@@ -178,3 +178,67 @@ def test_cpu_mode_is_undone_after_each_call(qwen3):
     backend = MegatronBackend(config(qwen3), device="cpu")
     backend.log_probs(random_batch(LENGTHS[:2], vocab=(8, 120)))
     assert torch.cuda.current_device is current_device and torch.cuda.synchronize is synchronize
+
+
+def _last_router_grad(backend, batch, *, with_empty_micro_batch=False):
+    """The last layer's router-weight gradient of one accumulate_gradients call, and the router's
+    input in every micro-batch (the hand computation's data). With `with_empty_micro_batch`, a
+    zero-weight micro-batch is added to the rank's share, as expert ranks are evened."""
+    router = backend.model.decoder.layers[-1].mlp.router
+    inputs = []
+    hook = router.register_forward_hook(lambda module, args, out: inputs.append(args[0].detach().clone()))
+    if with_empty_micro_batch:
+        plain = backend._rank_micro_batches
+        backend._rank_micro_batches = lambda b: (lambda micro, plan: (
+            micro + [backend._zero_weight_micro_batch(b)], plan))(*plain(b))
+    try:
+        backend.accumulate_gradients(batch)
+    finally:
+        hook.remove()
+        backend.__dict__.pop("_rank_micro_batches", None)
+    return router.weight.grad.detach().clone(), router.weight.detach().clone(), inputs
+
+
+def _switch_aux_loss(logits, coeff, topk):
+    """Switch Transformer's balance loss, E * sum_i f_i * P_i, written out."""
+    probs = torch.softmax(logits, dim=-1)
+    experts = logits.shape[-1]
+    routed = torch.zeros_like(probs).scatter(1, logits.topk(topk, dim=-1).indices, 1.0)
+    f = routed.sum(0) / (logits.shape[0] * topk)
+    return coeff * experts * (f * probs.mean(0)).sum()
+
+
+def _z_loss(logits, coeff):
+    return coeff * torch.logsumexp(logits, dim=-1).square().mean()
+
+
+@pytest.mark.parametrize("key", ["moe-aux-loss-coeff", "moe-z-loss-coeff"])
+def test_a_load_balancing_loss_adds_its_hand_computed_gradient_over_the_micro_batches_and_nothing_for_an_empty_one(tmp_path, key):
+    """megatronArgs' MoE loss reaches the router: the last router's gradient grows by the gradient
+    of the loss written out here (each micro-batch's share over the micro-batch count, as
+    megatron-core's schedule weighs it), and a zero-weight micro-batch (expert ranks evened) adds
+    nothing, where megatron-core's own scale would have counted it."""
+    moe = tiny_hf("qwen3_moe", tmp_path / "moe")
+    batch = with_old(MegatronBackend(config(moe), device="cpu"), random_batch(LENGTHS, vocab=(8, 120)))
+    coeff = 0.3
+    base, weight, inputs = _last_router_grad(MegatronBackend(config(moe), device="cpu"), batch)
+    assert len(inputs) > 1  # several micro-batches: the count matters
+    with_loss = MegatronBackend(config(moe), megatron_args={key: coeff}, device="cpu")
+    got, _, _ = _last_router_grad(with_loss, batch)
+    again, _, _ = _last_router_grad(with_loss, batch, with_empty_micro_batch=True)
+
+    w = weight.clone().requires_grad_(True)
+    topk = with_loss.tconfig.moe_router_topk
+    per_micro = [(_switch_aux_loss(x.reshape(-1, x.shape[-1]) @ w.T, coeff, topk) if key == "moe-aux-loss-coeff"
+                  else _z_loss(x.reshape(-1, x.shape[-1]) @ w.T, coeff)) for x in inputs]
+    (want,) = torch.autograd.grad(sum(per_micro) / len(per_micro), w)
+    assert want.abs().max() > 1e-4  # the loss has a gradient worth checking
+    torch.testing.assert_close(got - base, want, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(again, got, rtol=0, atol=1e-7)
+    if key == "moe-aux-loss-coeff":
+        assert with_loss.tconfig.moe_router_load_balancing_type == "aux_loss"  # the coefficient alone asks for it
+
+
+def test_a_load_balancing_loss_on_a_dense_model_is_refused_naming_the_key(qwen3):
+    with pytest.raises(ValueError, match=r"spec\.model\.megatronArgs\.moe_z_loss_coeff: a mixture-of-experts loss.*no experts"):
+        MegatronBackend(config(qwen3), megatron_args={"moe-z-loss-coeff": 0.001}, device="cpu")

@@ -399,12 +399,14 @@ class MegatronBackend(TrainerBackend):
         """
         if self.pp_size == 1:
             reported = []
+            real = sum(mb["weight"] for mb in micro)
             for k, mb in enumerate(micro):
                 sync = k == len(micro) - 1 or forward_only
                 with contextlib.nullcontext() if sync or self.cpu else module.no_sync():
                     output = self._forward(module, mb)
                     value, report = loss(mb, output)
                     if not forward_only:
+                        self._scale_moe_losses(mb["weight"], real)
                         (value / len(micro)).backward()
                 reported.append(report)
             if not forward_only and self.tconfig.finalize_model_grads_func is not None:
@@ -427,6 +429,18 @@ class MegatronBackend(TrainerBackend):
             micro_batch_size=first.shape[0],
             forward_only=forward_only,
         )
+
+    def _scale_moe_losses(self, weight: float, real_micro_batches: float) -> None:
+        """The gradient scale of the MoE load-balancing losses in the micro-batch about to be
+        back-propagated, as megatron-core's schedule sets it (over the micro-batch count, then
+        averaged over data-parallel ranks: DDP averages on GPU, the CPU reduce sums) but counting
+        only real micro-batches: an empty one that keeps expert ranks in step adds nothing."""
+        if not self.arch.num_experts:
+            return
+        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+        per_rank = weight / max(real_micro_batches, 1.0)
+        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(per_rank / (self.dp_size if self.cpu else 1), device=self.device))
 
     def _forward(self, module: torch.nn.Module, mb: dict[str, Any]) -> torch.Tensor:
         self._positions = (mb["rows"], mb["cols"])

@@ -5,8 +5,8 @@ Supported families: Llama, Qwen2 (biased q/k/v projections), Qwen3 (q/k RMSNorm)
 (Qwen3's attention, every layer's MLP a routed mixture of SwiGLU experts). All are pre-norm
 RMSNorm decoders with rotary embeddings, so one layer spec covers them (with megatron-core's MoE
 layer in place of the MLP for Qwen3-MoE); `hf_architecture` refuses anything else naming the
-field that differs. RL jobs run Qwen3-MoE at expert parallel size 1; the spec refuses larger sizes
-until the run places and syncs expert-parallel ranks.
+field that differs. Qwen3-MoE's experts can be split over expert-parallel ranks
+(`spec.parallelism.expert`), and megatronArgs may add megatron-core's load-balancing losses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from rlkube_runtime.spec.megatron_args import megatron_arg_name, megatron_arg_problem, megatron_arg_target
+from rlkube_runtime.spec.megatron_args import (MOE_LOSS_KEYS, megatron_arg_name, megatron_arg_problem,
+                                               megatron_arg_target, megatron_args_violations)
 from rlkube_runtime.spec.model_fit import MEGATRON_MODEL_TYPES, split_violations
 
 # Mixture-of-experts families the model builder and converter know (beside the dense ones).
@@ -182,9 +183,23 @@ def transformer_config(
         attention_softmax_in_fp32=True,
         **recompute,
     )
+    overrides = dict(overrides or {})
+    check_moe_losses(arch, sizes, overrides)
     fields.update(_moe_config(arch, cpu=cpu))
-    fields.update(overrides or {})
+    fields.update(overrides)
+    if fields.get("moe_aux_loss_coeff", 0) > 0 and "moe_router_load_balancing_type" not in overrides:
+        fields["moe_router_load_balancing_type"] = "aux_loss"  # a coefficient alone asks for the usual loss
     return TransformerConfig(**fields)
+
+
+def check_moe_losses(arch: HFArchitecture, sizes: ParallelSizes, overrides: dict[str, Any]) -> None:
+    """Refuse load-balancing losses on a dense model, or where the spec's rules refuse them."""
+    keys = [key for key in overrides if key in MOE_LOSS_KEYS]
+    if keys and not arch.num_experts:
+        raise ValueError(f"spec.model.megatronArgs.{keys[0]}: a mixture-of-experts loss, and the model "
+                         f"({arch.model_type}) has no experts; remove it")
+    for field, message in megatron_args_violations(overrides, pipeline=sizes.pipeline, expert=sizes.expert):
+        raise ValueError(f"spec.{field}: {message}")
 
 
 def _moe_config(arch: HFArchitecture, *, cpu: bool) -> dict[str, Any]:
@@ -192,7 +207,7 @@ def _moe_config(arch: HFArchitecture, *, cpu: bool) -> dict[str, Any]:
     every expert's logit, the top k kept (pre-softmax routing), renormalised when moe_norm_topk
     (which equals a softmax over the k kept logits: megatron's default order). Experts run one
     after another (SequentialMLP): grouped GEMM needs TransformerEngine or grouped_gemm. No
-    auxiliary loss unless megatronArgs asks for one. On the CPU tokens reach the experts through
+    load-balancing loss unless megatronArgs asks for one (`MOE_LOSS_KEYS`). On the CPU tokens reach the experts through
     the all-gather dispatcher: the all-to-all one opens a CUDA stream when it is built."""
     if not arch.num_experts:
         return {}
