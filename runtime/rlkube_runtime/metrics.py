@@ -70,6 +70,11 @@ PROMETHEUS_GAUGES: dict[str, PromSeries] = {
     "train/opsm_clipfrac": PromSeries(
         "rlkube_opsm_masked_share", "Share of the policy loss off-policy sequence masking dropped (algorithm.opsm)."
     ),
+    "train/moe_load_balancing_loss": PromSeries(
+        "rlkube_moe_load_balancing_loss", "MoE load-balancing (aux) loss before its coefficient, mean over layers "
+        "(megatronArgs moe-aux-loss-coeff; 1.0 is balanced)."),
+    "train/moe_z_loss": PromSeries(
+        "rlkube_moe_z_loss", "MoE router z-loss before its coefficient, mean over layers (megatronArgs moe-z-loss-coeff)."),
     "perf/rollout_time": PromSeries("rlkube_rollout_seconds", "Seconds spent generating the last rollout."),
     "perf/actor_train_time": PromSeries("rlkube_train_seconds", "Seconds spent training on the last rollout."),
     "perf/update_weights_time": PromSeries("rlkube_weight_sync_seconds", "Seconds of the last weight sync."),

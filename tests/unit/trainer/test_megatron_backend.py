@@ -181,22 +181,28 @@ def test_cpu_mode_is_undone_after_each_call(qwen3):
 
 
 def _last_router_grad(backend, batch, *, with_empty_micro_batch=False):
-    """The last layer's router-weight gradient of one accumulate_gradients call, and the router's
-    input in every micro-batch (the hand computation's data). With `with_empty_micro_batch`, a
-    zero-weight micro-batch is added to the rank's share, as expert ranks are evened."""
-    router = backend.model.decoder.layers[-1].mlp.router
-    inputs = []
-    hook = router.register_forward_hook(lambda module, args, out: inputs.append(args[0].detach().clone()))
+    """One accumulate_gradients call: the last layer's router-weight gradient and weight, every
+    layer's router weight and its input in each micro-batch (the hand computation's data), and the
+    call's metrics. With `with_empty_micro_batch`, a zero-weight micro-batch is added to the
+    rank's share, as expert ranks are evened."""
+    routers = [layer.mlp.router for layer in backend.model.decoder.layers]
+    inputs = [[] for _ in routers]
+    hooks = [router.register_forward_hook(lambda module, args, out, seen=seen: seen.append(args[0].detach().clone()))
+             for router, seen in zip(routers, inputs)]
     if with_empty_micro_batch:
         plain = backend._rank_micro_batches
         backend._rank_micro_batches = lambda b: (lambda micro, plan: (
             micro + [backend._zero_weight_micro_batch(b)], plan))(*plain(b))
     try:
-        backend.accumulate_gradients(batch)
+        metrics = backend.accumulate_gradients(batch)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
         backend.__dict__.pop("_rank_micro_batches", None)
-    return router.weight.grad.detach().clone(), router.weight.detach().clone(), inputs
+    if with_empty_micro_batch:
+        inputs = [seen[:-1] for seen in inputs]  # the empty one's, which must count for nothing
+    weights = [router.weight.detach().clone() for router in routers]
+    return routers[-1].weight.grad.detach().clone(), weights, inputs, metrics
 
 
 def _switch_aux_loss(logits, coeff, topk):
@@ -217,24 +223,35 @@ def test_a_load_balancing_loss_adds_its_hand_computed_gradient_over_the_micro_ba
     """megatronArgs' MoE loss reaches the router: the last router's gradient grows by the gradient
     of the loss written out here (each micro-batch's share over the micro-batch count, as
     megatron-core's schedule weighs it), and a zero-weight micro-batch (expert ranks evened) adds
-    nothing, where megatron-core's own scale would have counted it."""
+    nothing, where megatron-core's own scale would have counted it. The step reports the loss."""
     moe = tiny_hf("qwen3_moe", tmp_path / "moe")
     batch = with_old(MegatronBackend(config(moe), device="cpu"), random_batch(LENGTHS, vocab=(8, 120)))
     coeff = 0.3
-    base, weight, inputs = _last_router_grad(MegatronBackend(config(moe), device="cpu"), batch)
-    assert len(inputs) > 1  # several micro-batches: the count matters
+    base, _, _, plain_metrics = _last_router_grad(MegatronBackend(config(moe), device="cpu"), batch)
+    assert not any(name.startswith("moe_") for name in plain_metrics)  # no loss on, none reported
     with_loss = MegatronBackend(config(moe), megatron_args={key: coeff}, device="cpu")
-    got, _, _ = _last_router_grad(with_loss, batch)
-    again, _, _ = _last_router_grad(with_loss, batch, with_empty_micro_batch=True)
+    got, weights, inputs, metrics = _last_router_grad(with_loss, batch)
+    again, _, _, again_metrics = _last_router_grad(with_loss, batch, with_empty_micro_batch=True)
+    assert len(inputs[-1]) > 1  # several micro-batches: the count matters
 
-    w = weight.clone().requires_grad_(True)
-    topk = with_loss.tconfig.moe_router_topk
-    per_micro = [(_switch_aux_loss(x.reshape(-1, x.shape[-1]) @ w.T, coeff, topk) if key == "moe-aux-loss-coeff"
-                  else _z_loss(x.reshape(-1, x.shape[-1]) @ w.T, coeff)) for x in inputs]
+    def loss(x, w):
+        logits = x.reshape(-1, x.shape[-1]) @ w.T
+        if key == "moe-aux-loss-coeff":
+            return _switch_aux_loss(logits, coeff, with_loss.tconfig.moe_router_topk)
+        return _z_loss(logits, coeff)
+
+    w = weights[-1].clone().requires_grad_(True)
+    per_micro = [loss(x, w) for x in inputs[-1]]
     (want,) = torch.autograd.grad(sum(per_micro) / len(per_micro), w)
     assert want.abs().max() > 1e-4  # the loss has a gradient worth checking
     torch.testing.assert_close(got - base, want, rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(again, got, rtol=0, atol=1e-7)
+
+    # Reported unscaled, the mean over layers and micro-batches; the empty micro-batch not in it.
+    name = "moe_load_balancing_loss" if key == "moe-aux-loss-coeff" else "moe_z_loss"
+    by_hand = [float(loss(x, w_layer)) / coeff for w_layer, seen in zip(weights, inputs) for x in seen]
+    assert metrics[name] == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-5)
+    assert again_metrics[name] == pytest.approx(metrics[name], rel=1e-6)
     if key == "moe-aux-loss-coeff":
         assert with_loss.tconfig.moe_router_load_balancing_type == "aux_loss"  # the coefficient alone asks for it
 

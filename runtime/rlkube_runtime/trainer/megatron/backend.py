@@ -58,6 +58,21 @@ log = logging.getLogger(__name__)
 CHECKPOINT_DIR = "trainer"
 
 
+def _moe_loss_tracker_values() -> dict[str, torch.Tensor]:
+    """A copy of megatron-core's per-layer sums of the MoE losses tracked so far this step."""
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    return {name: entry["values"].clone() for name, entry in get_moe_layer_wise_logging_tracker().items()}
+
+
+def _restore_moe_loss_tracker(values: dict[str, torch.Tensor]) -> None:
+    """Put back what `_moe_loss_tracker_values` copied (a loss tracked since then is dropped)."""
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    for name, entry in get_moe_layer_wise_logging_tracker().items():
+        entry["values"].copy_(values[name]) if name in values else entry["values"].zero_()
+
+
 class MegatronBackend(TrainerBackend):
     """`TrainerBackend` on megatron-core.
 
@@ -203,7 +218,24 @@ class MegatronBackend(TrainerBackend):
         for out in outputs:
             for key, value in out.items():
                 sums[key] = sums.get(key, 0.0) + value
-        return {**summed_over_ranks(sums if self._reports else {}), "num_micro_batches": float(len(plan))}
+        return {**summed_over_ranks(sums if self._reports else {}), **self._moe_loss_report(len(plan)),
+                "num_micro_batches": float(len(plan))}
+
+    def _moe_loss_report(self, real_micro_batches: int) -> dict[str, float]:
+        """Each MoE load-balancing loss this step trained with (unscaled by its coefficient, as
+        megatron-core tracks it: "moe_load_balancing_loss", "moe_z_loss"), the mean over layers
+        and micro-batches, averaged over data-parallel ranks; each pipeline stage adds its
+        layers. Collective when such a loss is on; empty otherwise."""
+        if not (self.tconfig.moe_z_loss_coeff or self.tconfig.moe_aux_loss_coeff):
+            return {}
+        share: dict[str, float] = {}
+        if self.tp_rank == 0 and real_micro_batches:  # tensor-parallel ranks track the same values
+            for name, values in _moe_loss_tracker_values().items():
+                share[f"moe_{name}"] = float(values.sum()) / (real_micro_batches * self.arch.num_layers * self.dp_size)
+        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
+
+        clear_aux_losses_tracker()
+        return summed_over_ranks(share)
 
     # -- weights out ----------------------------------------------------------------------
 
@@ -402,12 +434,15 @@ class MegatronBackend(TrainerBackend):
             real = sum(mb["weight"] for mb in micro)
             for k, mb in enumerate(micro):
                 sync = k == len(micro) - 1 or forward_only
+                tracked = _moe_loss_tracker_values() if mb["weight"] == 0 else None
                 with contextlib.nullcontext() if sync or self.cpu else module.no_sync():
                     output = self._forward(module, mb)
                     value, report = loss(mb, output)
                     if not forward_only:
                         self._scale_moe_losses(mb["weight"], real)
                         (value / len(micro)).backward()
+                if tracked is not None:  # an empty micro-batch's load-balancing losses are not reported either
+                    _restore_moe_loss_tracker(tracked)
                 reported.append(report)
             if not forward_only and self.tconfig.finalize_model_grads_func is not None:
                 self.tconfig.finalize_model_grads_func([module])
