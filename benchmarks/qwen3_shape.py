@@ -21,6 +21,19 @@ QWEN3_06B = dict(
     max_position_embeddings=4096,
     rms_norm_eps=1e-6,
 )
+# A random-init Qwen3-MoE of a few hundred million parameters (Qwen3-30B-A3B's layer design at a
+# small size: 16 experts, top 2, renormalised, untied head), for the megatron MoE run on one GPU.
+QWEN3_MOE_SMALL = dict(
+    QWEN3_06B,  # intermediate_size stays, unused when every layer is sparse
+    num_hidden_layers=8,
+    moe_intermediate_size=768,
+    num_experts=16,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    tie_word_embeddings=False,
+)
+TINY_MOE = dict(QWEN3_MOE_SMALL, hidden_size=64, moe_intermediate_size=32, num_experts=8, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=8192)
 TINY = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -48,12 +61,17 @@ def build_checkpoint(out: Path, shape: dict, *, seed: int, device: str) -> int:
     return params
 
 
-def qwen3_config(shape: dict):
-    from transformers import Qwen3Config
+def _classes(shape: dict):
+    """(config class, model class): Qwen3-MoE when the shape names experts, dense Qwen3 otherwise."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    return Qwen3Config(
-        **shape,
-        tie_word_embeddings=True,
+    return (Qwen3MoeConfig, Qwen3MoeForCausalLM) if "num_experts" in shape else (Qwen3Config, Qwen3ForCausalLM)
+
+
+def qwen3_config(shape: dict):
+    config_cls, _ = _classes(shape)
+    return config_cls(
+        **{"tie_word_embeddings": True, **shape},
         rope_theta=1e6,
         pad_token_id=SPECIALS.index(PAD),
         eos_token_id=SPECIALS.index(EOS),
@@ -63,10 +81,9 @@ def qwen3_config(shape: dict):
 
 def count_params(shape: dict) -> int:
     import torch
-    from transformers import Qwen3ForCausalLM
 
     with torch.device("meta"):
-        return sum(p.numel() for p in Qwen3ForCausalLM(qwen3_config(shape)).parameters())
+        return sum(p.numel() for p in _classes(shape)[1](qwen3_config(shape)).parameters())
 
 
 def build_tokenizer(vocab_size: int):
@@ -98,12 +115,12 @@ def _declare_generic_tokenizer_class(out: Path) -> None:
 def _build_model(out: Path, shape: dict, *, seed: int, device: str) -> int:
     """Seeded random init (on the GPU when there is one: seconds), saved as bf16 safetensors."""
     import torch
-    from transformers import GenerationConfig, Qwen3ForCausalLM
+    from transformers import GenerationConfig
 
     config = qwen3_config(shape)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3ForCausalLM(config)
+        model = _classes(shape)[1](config)
     model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=None
