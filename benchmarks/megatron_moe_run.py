@@ -48,6 +48,7 @@ COLUMNS = (  # (metrics.jsonl key, column title, digits)
     ("rollout/raw_reward", "reward", 3),
     ("train/train_rollout_logprob_abs_diff", "log-prob gap", 4),
     ("rollout/response_len/mean", "response tokens", 0),
+    ("train/moe_load_balancing_loss", "balance loss", 3),
     ("perf/rollout_time", "generate s", 2),
     ("perf/actor_train_time", "train s", 2),
     ("perf/update_weights_time", "sync s", 3),
@@ -96,6 +97,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-response-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--aux-loss-coeff", type=float, default=0.0,
+                   help="megatronArgs moe-aux-loss-coeff (0: no load-balancing loss, the routing of the HF block alone)")
     p.add_argument("--tiny-shape", action="store_true", help="the same code path at CPU size")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help="where the checkpoint is built")
     p.add_argument("--timeout", type=float, default=540, help="seconds the run may take")
@@ -147,7 +150,8 @@ def _rljob(args: argparse.Namespace, build: dict, prompts: Path) -> dict:
         "kind": "RLJob",
         "metadata": {"name": "bench-megatron-moe"},
         "spec": {
-            "model": {"hfCheckpoint": build["checkpoint"], "dtype": "bfloat16"},
+            "model": {"hfCheckpoint": build["checkpoint"], "dtype": "bfloat16",
+                      **({"megatronArgs": {"moe-aux-loss-coeff": args.aux_loss_coeff}} if args.aux_loss_coeff else {})},
             "data": {"promptData": str(prompts), "inputKey": "prompt", "labelKey": "label"},
             "rollout": {"engine": "builtin", "batchSize": args.batch_size, "nSamplesPerPrompt": args.n_samples,
                         "maxResponseLen": args.max_response_len, "temperature": 1.0},
@@ -196,7 +200,7 @@ def _report(args, build, rows, rc, wall, peak_mib, command) -> str:
         f"Device: {build['gpu'] or build['device']}. Each rollout: {args.batch_size} prompts of {args.prompt_len} tokens "
         f"x {args.n_samples} samples, up to {args.max_response_len} new tokens, temperature 1.0, GRPO, lr {args.lr:g}, "
         "one optimizer step, a weight sync (every expert) after it. Reward: the share of response tokens with an even id "
-        "(chance 0.5).",
+        "(chance 0.5)." + (f" Load-balancing loss on (moe-aux-loss-coeff {args.aux_loss_coeff:g})." if args.aux_loss_coeff else ""),
         "",
         f"Exit code {rc}, {len(rows)} of {args.rollouts} rollouts, wall {wall:.0f} s (start-up included)"
         + (f", peak GPU memory used {peak_mib / 1024:.1f} GiB (nvidia-smi, every 0.5 s)" if peak_mib else "") + ".",
@@ -215,7 +219,7 @@ def _report(args, build, rows, rc, wall, peak_mib, command) -> str:
                   f"Log-prob gap: max {max(gaps):.4f}, median {statistics.median(gaps):.4f} per token." if gaps else "",
                   f"Medians over rollouts {later[0]['rollout']}-{later[-1]['rollout']} (rollout 0 warms up): "
                   + ", ".join(f"{title} {_fmt(statistics.median([r[key] for r in later if key in r]), digits)}"
-                              for key, title, digits in COLUMNS[3:] if any(key in r for r in later)) + "."]
+                              for key, title, digits in COLUMNS if key.startswith("perf/") and any(key in r for r in later)) + "."]
     lines += ["", f"Command: `{command}`", ""]
     return "\n".join(lines)
 
