@@ -259,3 +259,16 @@ def test_a_load_balancing_loss_adds_its_hand_computed_gradient_over_the_micro_ba
 def test_a_load_balancing_loss_on_a_dense_model_is_refused_naming_the_key(qwen3):
     with pytest.raises(ValueError, match=r"spec\.model\.megatronArgs\.moe_z_loss_coeff: a mixture-of-experts loss.*no experts"):
         MegatronBackend(config(qwen3), megatron_args={"moe-z-loss-coeff": 0.001}, device="cpu")
+
+
+def test_moe_losses_off_zeroes_the_scale_the_pipeline_schedule_sets_and_then_gives_the_setter_back():
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    from rlkube_runtime.trainer.megatron.backend import moe_losses_off
+
+    with moe_losses_off():
+        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(0.25))  # what the schedule would do
+        assert float(MoEAuxLossAutoScaler.main_loss_backward_scale) == 0.0
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(0.25))
+    assert float(MoEAuxLossAutoScaler.main_loss_backward_scale) == 0.25
+    MoEAuxLossAutoScaler.main_loss_backward_scale = None  # as a fresh process has it

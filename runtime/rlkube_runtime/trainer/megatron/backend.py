@@ -73,6 +73,20 @@ def _restore_moe_loss_tracker(values: dict[str, torch.Tensor]) -> None:
         entry["values"].copy_(values[name]) if name in values else entry["values"].zero_()
 
 
+@contextlib.contextmanager
+def moe_losses_off():
+    """While inside, megatron-core's schedule sets the MoE losses' gradient scale to 0 whatever it
+    computes: passes that must not train the router through a load-balancing loss."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    own = MoEAuxLossAutoScaler.__dict__["set_loss_scale"]
+    MoEAuxLossAutoScaler.set_loss_scale = staticmethod(lambda scale: own.__func__(torch.zeros_like(scale)))
+    try:
+        yield
+    finally:
+        MoEAuxLossAutoScaler.set_loss_scale = own
+
+
 class MegatronBackend(TrainerBackend):
     """`TrainerBackend` on megatron-core.
 
@@ -455,15 +469,20 @@ class MegatronBackend(TrainerBackend):
             return self._forward(model, mb), partial(loss, mb)
 
         first = micro[0]["input_ids"]
-        return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(micro),
-            model=[module],
-            num_microbatches=len(micro),
-            seq_length=first.shape[1],
-            micro_batch_size=first.shape[0],
-            forward_only=forward_only,
-        )
+        # The schedule scales every micro-batch's MoE losses alike; a rank whose share is empty
+        # (only zero-weight passes) must add none. Fewer samples than ranks is the one such case:
+        # the zero-weight passes that even expert ranks are refused beside pipelining.
+        empty = self.arch.num_experts and not any(mb["weight"] for mb in micro)
+        with moe_losses_off() if empty else contextlib.nullcontext():
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(micro),
+                model=[module],
+                num_microbatches=len(micro),
+                seq_length=first.shape[1],
+                micro_batch_size=first.shape[0],
+                forward_only=forward_only,
+            )
 
     def _scale_moe_losses(self, weight: float, real_micro_batches: float) -> None:
         """The gradient scale of the MoE load-balancing losses in the micro-batch about to be
