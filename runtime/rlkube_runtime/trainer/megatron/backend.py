@@ -70,7 +70,10 @@ def _restore_moe_loss_tracker(values: dict[str, torch.Tensor]) -> None:
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
     for name, entry in get_moe_layer_wise_logging_tracker().items():
-        entry["values"].copy_(values[name]) if name in values else entry["values"].zero_()
+        if name in values:
+            entry["values"].copy_(values[name])
+        else:
+            entry["values"].zero_()
 
 
 @contextlib.contextmanager
@@ -240,7 +243,7 @@ class MegatronBackend(TrainerBackend):
         megatron-core tracks it: "moe_load_balancing_loss", "moe_z_loss"), the mean over layers
         and micro-batches, averaged over data-parallel ranks; each pipeline stage adds its
         layers. Collective when such a loss is on; empty otherwise."""
-        if not (self.tconfig.moe_z_loss_coeff or self.tconfig.moe_aux_loss_coeff):
+        if not self._moe_losses_on:
             return {}
         share: dict[str, float] = {}
         if self.tp_rank == 0 and real_micro_batches:  # tensor-parallel ranks track the same values
@@ -448,7 +451,7 @@ class MegatronBackend(TrainerBackend):
             real = sum(mb["weight"] for mb in micro)
             for k, mb in enumerate(micro):
                 sync = k == len(micro) - 1 or forward_only
-                tracked = _moe_loss_tracker_values() if mb["weight"] == 0 else None
+                tracked = _moe_loss_tracker_values() if mb["weight"] == 0 and self._moe_losses_on else None
                 with contextlib.nullcontext() if sync or self.cpu else module.no_sync():
                     output = self._forward(module, mb)
                     value, report = loss(mb, output)
@@ -472,7 +475,7 @@ class MegatronBackend(TrainerBackend):
         # The schedule scales every micro-batch's MoE losses alike; a rank whose share is empty
         # (only zero-weight passes) must add none. Fewer samples than ranks is the one such case:
         # the zero-weight passes that even expert ranks are refused beside pipelining.
-        empty = self.arch.num_experts and not any(mb["weight"] for mb in micro)
+        empty = self._moe_losses_on and not any(mb["weight"] for mb in micro)
         with moe_losses_off() if empty else contextlib.nullcontext():
             return get_forward_backward_func()(
                 forward_step_func=forward_step,
@@ -484,12 +487,17 @@ class MegatronBackend(TrainerBackend):
                 forward_only=forward_only,
             )
 
+    @property
+    def _moe_losses_on(self) -> bool:
+        """megatronArgs turned on a load-balancing or z-loss (a dense model has neither)."""
+        return bool(self.arch.num_experts and (self.tconfig.moe_z_loss_coeff or self.tconfig.moe_aux_loss_coeff))
+
     def _scale_moe_losses(self, weight: float, real_micro_batches: float) -> None:
         """The gradient scale of the MoE load-balancing losses in the micro-batch about to be
         back-propagated, as megatron-core's schedule sets it (over the micro-batch count, then
         averaged over data-parallel ranks: DDP averages on GPU, the CPU reduce sums) but counting
         only real micro-batches: an empty one that keeps expert ranks in step adds nothing."""
-        if not self.arch.num_experts:
+        if not self._moe_losses_on:
             return
         from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
