@@ -266,8 +266,11 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
          "tensor(4) x pipeline(1) = 4 GPUs per model replica must divide the trainer GPUs, "
          "resources.trainer.nodes(1) x gpusPerNode(2) = 2"),
         ("expert-misfit", {"training": {"backend": "megatron"}, "parallelism": {"expert": 4}}, "spec.parallelism.expert",
-         "expert(4) x tensor(1) x pipeline(1) = 4 GPUs must divide the trainer GPUs, "
+         "expert(4) x expertTensor(1) x pipeline(1) = 4 GPUs must divide the trainer GPUs, "
          "resources.trainer.nodes(1) x gpusPerNode(2) = 2"),
+        ("torch-expert-tensor", {"training": {"backend": "torch"}, "parallelism": {"expertTensor": 2}},
+         "spec.parallelism.expertTensor", "expertTensor(2) > 1 splits each expert over GPUs, which the torch backend "
+         "cannot do"),
         ("fp8", {"model": {"rolloutDtype": "fp8"}, "algorithm": {"tis": {"enabled": True}}}, "spec.model.rolloutDtype",
          "model.rolloutDtype fp8 is served by the built-in engine only (rollout.engine: builtin)"),
         ("buffer", {"training": {"asyncBufferSize": 2}}, "spec.training.asyncBufferSize",
@@ -277,7 +280,7 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
         ("mask", {"rollout": {"maskOffPolicyInPartialRollout": True}}, "spec.rollout.maskOffPolicyInPartialRollout",
          "maskOffPolicyInPartialRollout masks what partial rollout kept from an earlier rollout"),
     ],
-    ids=["torch-tensor-parallel", "megatron-replica-too-big", "expert-parallel-too-big", "fp8-rollouts-into-sglang", "async-buffer-2-in-sync-mode", "ppo",
+    ids=["torch-tensor-parallel", "megatron-replica-too-big", "expert-parallel-too-big", "torch-expert-tensor", "fp8-rollouts-into-sglang", "async-buffer-2-in-sync-mode", "ppo",
          "off-policy-mask-without-partial-rollout"],
 )
 def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_path, name, spec, field, message):
@@ -299,9 +302,10 @@ def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_p
         {"placement": "separate", "training": {"numRollout": 3, "mode": "async", "asyncBufferSize": 4}},
         {"rollout": {"partialRollout": True, "maskOffPolicyInPartialRollout": True}},
         {"parallelism": {"expert": 2}},
+        {"parallelism": {"tensor": 2, "expert": 2, "expertTensor": 1, "sequenceParallel": True}},
     ],
     ids=["chat-template-kwargs", "ref-update-interval", "hf-export-interval", "async-buffer-4", "off-policy-mask",
-         "expert-parallel-2"],
+         "expert-parallel-2", "whole-experts-beside-tensor-2"],
 )
 def test_the_api_server_accepts_the_switches_the_runtime_honours(crd_installed, ns, spec):
     """Their CEL rules compile in the real API server and pass a spec that uses them (a rule the

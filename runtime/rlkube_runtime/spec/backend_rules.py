@@ -64,9 +64,13 @@ CONTEXT_MESSAGE = (
     "the megatron backend runs the local layer spec on torch SDPA); use 1"
 )
 EXPERT_FIT_MESSAGE = (
-    "expert(%d) x tensor(%d) x pipeline(%d) = %d GPUs must divide the trainer GPUs, "
+    "expert(%d) x expertTensor(%d) x pipeline(%d) = %d GPUs must divide the trainer GPUs, "
     "resources.trainer.nodes(%d) x gpusPerNode(%d) = %d (expert-parallel ranks are data-parallel ranks that "
-    "split the experts among them)"
+    "split the experts among them; expertTensor is the tensor size unless set)"
+)
+TORCH_EXPERT_TENSOR_MESSAGE = (
+    "expertTensor(%d) > 1 splits each expert over GPUs, which the torch backend cannot do; "
+    f"{_USE_MEGATRON}"
 )
 FLOAT16_MESSAGE = (
     "float16 needs loss scaling, which the megatron backend does not do; use bfloat16 (or float32), or the torch "
@@ -78,7 +82,8 @@ FLOAT16_MESSAGE = (
 _CHOOSES_MEGATRON = (
     "(self.training.backend == 'megatron' || (self.training.backend == 'auto' && has(self.parallelism) && ("
     + " || ".join(f"{_P}.{size} > 1" for size in MODEL_SPLIT_SIZES)
-    + f" || {_P}.sequenceParallel || {_P}.recompute == 'selective')))"
+    + f" || {_P}.sequenceParallel || {_P}.recompute == 'selective'"
+    + f" || (has({_P}.expertTensor) && {_P}.expertTensor > 1))))"
 )
 
 
@@ -92,7 +97,8 @@ def _fits(group: str) -> str:
 
 
 _REPLICA = f"{_P}.tensor * {_P}.pipeline"
-_EXPERT_GROUP = f"{_P}.expert * {_REPLICA}"
+_EXPERT_TENSOR = f"(has({_P}.expertTensor) ? {_P}.expertTensor : {_P}.tensor)"
+_EXPERT_GROUP = f"{_P}.expert * {_EXPERT_TENSOR} * {_P}.pipeline"
 
 BACKEND_RULES: tuple[dict[str, str], ...] = (
     *(
@@ -103,6 +109,11 @@ BACKEND_RULES: tuple[dict[str, str], ...] = (
         }
         for size in ("tensor", "pipeline", "expert")
     ),
+    {
+        "rule": f"!has(self.parallelism) || !({_IS_TORCH}) || !has({_P}.expertTensor) || {_P}.expertTensor == 1",
+        "messageExpression": _cel_message(TORCH_EXPERT_TENSOR_MESSAGE, [f"{_P}.expertTensor"]),
+        "fieldPath": ".parallelism.expertTensor",
+    },
     {
         "rule": f"!has(self.parallelism) || {_P}.context == 1",
         "messageExpression": _cel_message(CONTEXT_MESSAGE, [f"{_P}.context"]),
@@ -130,7 +141,7 @@ BACKEND_RULES: tuple[dict[str, str], ...] = (
         "rule": f"!has(self.parallelism) || !{_CHOOSES_MEGATRON} || {_P}.expert == 1 || {_fits(_EXPERT_GROUP)}",
         "messageExpression": _cel_message(
             EXPERT_FIT_MESSAGE,
-            [f"{_P}.expert", f"{_P}.tensor", f"{_P}.pipeline", _EXPERT_GROUP, f"{_T}.nodes", f"{_T}.gpusPerNode",
+            [f"{_P}.expert", _EXPERT_TENSOR, f"{_P}.pipeline", _EXPERT_GROUP, f"{_T}.nodes", f"{_T}.gpusPerNode",
              _TRAINER_GPUS],
         ),
         "fieldPath": ".parallelism.expert",
@@ -162,6 +173,8 @@ def chosen_backend(spec: Any, model_config: Mapping[str, Any] | None = None) -> 
             return "megatron", f"spec.parallelism.{size} is {getattr(par, size)}"
     if par.sequence_parallel:
         return "megatron", "spec.parallelism.sequenceParallel is on"
+    if (par.expert_tensor or 1) > 1:
+        return "megatron", f"spec.parallelism.expertTensor is {par.expert_tensor}"
     if par.recompute == "selective":
         return "megatron", "spec.parallelism.recompute is selective"
     if spec.model.megatron_args:
@@ -197,6 +210,8 @@ def backend_violations(spec: Any) -> list[tuple[str, str]]:
             value = getattr(par, size)
             if value != 1:
                 violations.append((f"parallelism.{size}", TORCH_SIZE_MESSAGE.format(field=size) % value))
+        if (par.expert_tensor or 1) != 1:
+            violations.append(("parallelism.expertTensor", TORCH_EXPERT_TENSOR_MESSAGE % par.expert_tensor))
     if par.context != 1:
         violations.append(("parallelism.context", CONTEXT_MESSAGE % par.context))
     if backend == "torch":
@@ -212,10 +227,11 @@ def backend_violations(spec: Any) -> list[tuple[str, str]]:
         if not _divides(group, gpus):
             violations.append(("parallelism", REPLICA_FIT_MESSAGE % (
                 par.tensor, par.pipeline, group, trainer.nodes, trainer.gpus_per_node, gpus)))
-        experts = par.expert * group
+        expert_tensor = par.expert_tensor or par.tensor
+        experts = par.expert * expert_tensor * par.pipeline
         if par.expert != 1 and not _divides(experts, gpus):
             violations.append(("parallelism.expert", EXPERT_FIT_MESSAGE % (
-                par.expert, par.tensor, par.pipeline, experts, trainer.nodes, trainer.gpus_per_node, gpus)))
+                par.expert, expert_tensor, par.pipeline, experts, trainer.nodes, trainer.gpus_per_node, gpus)))
         if par.sequence_parallel and par.tensor == 1:
             violations.append(("parallelism.sequenceParallel", SEQUENCE_PARALLEL_MESSAGE % par.tensor))
         if spec.model.dtype == "float16":

@@ -33,8 +33,10 @@ def expert_count_key(config: Mapping[str, Any]) -> str | None:
     return next((key for key in _EXPERT_COUNT_KEYS if (config.get(key) or 0) > 1), None)
 
 
-def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any], *, expert: int = 1) -> list[tuple[str, str]]:
-    """Where tensor/pipeline/expert sizes do not divide the model of this config.json."""
+def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any], *, expert: int = 1,
+                     expert_tensor: int | None = None, sequence_parallel: bool | None = None) -> list[tuple[str, str]]:
+    """Where tensor/pipeline/expert sizes do not divide the model of this config.json, or (given
+    `sequence_parallel`, as training is) split a mixture of experts as megatron-core cannot train it."""
     heads = config["num_attention_heads"]
     parts = (("attention heads", heads), ("key/value heads", config.get("num_key_value_heads") or heads),
              ("vocabulary entries", config["vocab_size"]), ("MLP channels", config["intermediate_size"]))
@@ -50,6 +52,18 @@ def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any], *, e
                                f"({config.get('model_type')}) is dense"))
         elif config[key] % expert:
             violations.append(("parallelism.expert", f"{expert} does not divide the model's {config[key]} experts"))
+    moe = expert_count_key(config)
+    if expert_tensor and expert_tensor > 1:
+        channels = config.get("moe_intermediate_size")
+        if moe is None:
+            violations.append(("parallelism.expertTensor", f"{expert_tensor} splits a mixture of experts' experts; "
+                               f"the model ({config.get('model_type')}) is dense"))
+        elif channels and channels % expert_tensor:
+            violations.append(("parallelism.expertTensor", f"{expert_tensor} does not divide the model's {channels} "
+                               "expert MLP channels (moe_intermediate_size)"))
+    if moe and tensor > 1 and sequence_parallel is False:
+        violations.append(("parallelism.sequenceParallel", f"megatron-core trains a mixture of experts over tensor "
+                           f"({tensor}) ranks only with sequence parallelism; set it true"))
     return violations
 
 
@@ -67,7 +81,8 @@ def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str
         return [("training.backend", f"megatron converts HF model types {list(MEGATRON_MODEL_TYPES)}; the "
                  f"checkpoint's config.json has model_type {model_type!r}")]
     par = spec.parallelism
-    violations = split_violations(par.tensor, par.pipeline, config, expert=par.expert)
+    violations = split_violations(par.tensor, par.pipeline, config, expert=par.expert, expert_tensor=par.expert_tensor,
+                                  sequence_parallel=par.sequence_parallel)
     if not moe:
         violations += [(f"model.megatronArgs.{key}", f"a mixture-of-experts loss, and the model (config.json "
                         f"model_type {model_type!r}) has no experts; remove it")

@@ -29,8 +29,15 @@ class ParallelismSpec(SpecModel):
     expert: int = Field(
         default=1,
         ge=1,
-        description="Expert-parallel size of MoE models (megatron backend); expert x tensor x pipeline must divide "
-        "the trainer GPUs. Default 1, >= 1.",
+        description="Expert-parallel size of MoE models (megatron backend); expert x expertTensor x pipeline must "
+        "divide the trainer GPUs. Default 1, >= 1.",
+    )
+    expert_tensor: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Tensor-parallel size inside each expert of a MoE model (megatron-core's "
+        "expert_tensor_parallel_size; megatron backend): 1 keeps every expert whole on its rank while attention "
+        "is split over `tensor` ranks. It must divide the model's expert MLP channels. Default: the tensor size.",
     )
     sequence_parallel: bool = Field(
         default=False, description="Megatron sequence parallelism (megatron backend, with tensor > 1). Default false."

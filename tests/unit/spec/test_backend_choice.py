@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rlkube_runtime.cli import main as rlkube
-from rlkube_runtime.spec.backend_rules import chosen_backend
+from rlkube_runtime.spec.backend_rules import backend_violations, chosen_backend
 from rlkube_runtime.spec.load import parse_rljob
 from rlkube_runtime.spec.megatron_args import megatron_arg_problem, megatron_arg_target
 from rlkube_runtime.spec.model_fit import expert_count_key, model_fit_violations, split_violations
@@ -54,6 +54,30 @@ def test_auto_chooses_megatron_for_a_mixture_of_experts_and_then_holds_it_to_meg
     assert [path for path, _ in model_fit_violations(half, moe)] == ["model.dtype"]
     assert chosen_backend(_spec(good_doc, training={"backend": "torch"}), moe) == ("torch", "spec.training.backend")
     assert model_fit_violations(_spec(good_doc, training={"backend": "torch"}), moe) == []
+
+
+def test_expert_tensor_parallelism_fits_the_experts_and_a_split_mixture_of_experts_needs_sequence_parallelism(good_doc):
+    import copy
+
+    moe = {**QWEN3_SMALL, "model_type": "qwen3_moe", "num_experts": 8, "moe_intermediate_size": 768}
+
+    def spec(**parallelism):
+        return _spec(copy.deepcopy(good_doc), parallelism=parallelism, resources={"trainer": {"nodes": 1, "gpusPerNode": 2}})
+
+    whole_experts = spec(tensor=2, expert=2, expertTensor=1, sequenceParallel=True)  # 2 x 1 x 1 fits 2 GPUs
+    assert backend_violations(whole_experts) == [] and model_fit_violations(whole_experts, moe) == []
+    assert [path for path, _ in model_fit_violations(whole_experts, QWEN3_SMALL)] == ["parallelism.expert"]  # dense
+    assert chosen_backend(spec(expertTensor=2))[0] == "megatron"
+    odd = spec(tensor=2, expertTensor=5, sequenceParallel=True)
+    assert ("parallelism.expertTensor", "5 does not divide the model's 768 expert MLP channels "
+            "(moe_intermediate_size)") in model_fit_violations(odd, moe)
+    no_sp = spec(tensor=2)
+    assert ("parallelism.sequenceParallel", "megatron-core trains a mixture of experts over tensor (2) ranks only "
+            "with sequence parallelism; set it true") in model_fit_violations(no_sp, moe)
+    assert model_fit_violations(no_sp, QWEN3_SMALL) == []  # a dense model splits without it
+    # Converting a checkpoint trains nothing: there the split needs no sequence parallelism.
+    assert split_violations(2, 1, moe, sequence_parallel=None) == []
+    assert [path for path, _ in split_violations(2, 1, moe, sequence_parallel=False)] == ["parallelism.sequenceParallel"]
 
 
 def test_load_balancing_losses_are_refused_on_a_dense_model_and_accepted_on_a_mixture_of_experts(good_doc):
@@ -126,7 +150,7 @@ def test_model_fit_takes_qwen3_moe_and_refuses_other_mixtures_of_experts_and_unk
     assert expert_count_key({**QWEN3_SMALL, "num_experts": 1}) is None
     moe = {**QWEN3_SMALL, "model_type": "qwen3_moe", "num_experts": 128}
     assert model_fit_violations(torch_spec, moe) == []
-    assert model_fit_violations(_spec(good_doc, parallelism={"tensor": 2}), moe) == []
+    assert model_fit_violations(_spec(good_doc, parallelism={"tensor": 2, "sequenceParallel": True}), moe) == []
     assert model_fit_violations(torch_spec, {**moe, "model_type": "mixtral", "num_local_experts": 8}) == [(
         "model", "config.json num_experts: 128: a mixture-of-experts model of type 'mixtral'; RL jobs run the MoE "
         "types ['qwen3_moe']")]

@@ -252,8 +252,23 @@ BROKEN = [
         "expert-parallelism-larger-than-trainer",
         {"spec.training.backend": "megatron", "spec.parallelism": {"tensor": 4, "expert": 4}},
         "spec.parallelism.expert",
-        "expert(4) x tensor(4) x pipeline(1) = 16 GPUs must divide the trainer GPUs, resources.trainer.nodes(1) x "
-        "gpusPerNode(8) = 8 (expert-parallel ranks are data-parallel ranks that split the experts among them)",
+        "expert(4) x expertTensor(4) x pipeline(1) = 16 GPUs must divide the trainer GPUs, resources.trainer.nodes(1) x "
+        "gpusPerNode(8) = 8 (expert-parallel ranks are data-parallel ranks that split the experts among them; "
+        "expertTensor is the tensor size unless set)",
+    ),
+    (
+        "expert-tensor-larger-than-trainer",
+        {"spec.parallelism": {"tensor": 2, "expert": 4, "expertTensor": 2, "sequenceParallel": True},
+         "spec.resources.trainer": {"nodes": 1, "gpusPerNode": 4}},
+        "spec.parallelism.expert",
+        "expert(4) x expertTensor(2) x pipeline(1) = 8 GPUs must divide the trainer GPUs, resources.trainer.nodes(1) x "
+        "gpusPerNode(4) = 4",
+    ),
+    (
+        "torch-expert-tensor",
+        {"spec.training.backend": "torch", "spec.parallelism": {"expertTensor": 2}},
+        "spec.parallelism.expertTensor",
+        "expertTensor(2) > 1 splits each expert over GPUs, which the torch backend cannot do",
     ),
     (
         "torch-expert-parallelism",

@@ -1,6 +1,7 @@
 """MegatronBackend across two CPU processes (gloo): tensor parallelism with and without sequence
 parallelism, two data-parallel ranks, and a mixture of experts split over two expert-parallel
-ranks (4 of its 8 experts each). Each takes the same step as one process does (the TorchBackend;
+ranks (4 of its 8 experts each), also beside tensor parallelism with whole experts
+(parallelism.expertTensor 1). Each takes the same step as one process does (the TorchBackend;
 for the MoE model the one-process MegatronBackend, whose step test_megatron_backend checks
 against the TorchBackend's): loss, gradient norm, weights after the step. A distributed
 checkpoint saved by the two ranks gives the identical next step after loading."""
@@ -32,7 +33,8 @@ def _batch(old):
     return batch.with_fields(old_log_probs=[o + 0.1 for o in old]) if old is not None else batch
 
 
-def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, expert: int, ckpt: str, result: str) -> None:
+def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, expert: int, etp: int | None, ckpt: str,
+          result: str) -> None:
     import torch.distributed as dist
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -41,10 +43,13 @@ def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, expert: int, ck
     from rlkube_runtime.trainer.megatron.backend import MegatronBackend
     from rlkube_runtime.trainer.megatron.model import ParallelSizes
 
-    sizes = ParallelSizes(tensor=tensor, sequence_parallel=sp, expert=expert)
+    sizes = ParallelSizes(tensor=tensor, sequence_parallel=sp, expert=expert, expert_tensor=etp)
     backend = MegatronBackend(_config(hf), sizes, device="cpu")
     if expert > 1:  # each rank holds its own 8 / expert of the experts
-        assert len(backend.model.decoder.layers[0].mlp.experts.local_experts) == 8 // expert
+        experts = backend.model.decoder.layers[0].mlp.experts.local_experts
+        assert len(experts) == 8 // expert
+        # Split over the expert-tensor ranks (the tensor ranks unless set): fc1 holds gate and up.
+        assert experts[0].linear_fc1.weight.shape[0] == 2 * backend.arch.moe_ffn_hidden_size // sizes.etp
     batch = _batch(backend.log_probs(_batch(None)).log_probs)
     first = backend.train_step(batch)
     weights = backend.export_weights()
@@ -60,17 +65,18 @@ def _rank(rank: int, store: str, hf: str, tensor: int, sp: bool, expert: int, ck
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "tensor", "sp", "expert"),
-                         [("qwen3", 2, False, 1), ("qwen3", 2, True, 1), ("qwen3", 1, False, 1), ("qwen3_moe", 1, False, 2)],
-                         ids=["tp2", "tp2-sp", "dp2", "moe-ep2"])
-def test_two_ranks_step_like_one_process_and_resume_exactly(kind, tensor, sp, expert, tmp_path):
+@pytest.mark.parametrize(("kind", "tensor", "sp", "expert", "etp"),
+                         [("qwen3", 2, False, 1, None), ("qwen3", 2, True, 1, None), ("qwen3", 1, False, 1, None),
+                          ("qwen3_moe", 1, False, 2, None), ("qwen3_moe", 2, True, 2, 1)],
+                         ids=["tp2", "tp2-sp", "dp2", "moe-ep2", "moe-tp2-sp-ep2-etp1"])
+def test_two_ranks_step_like_one_process_and_resume_exactly(kind, tensor, sp, expert, etp, tmp_path):
     import torch.multiprocessing as mp
 
     hf = tiny_hf(kind, tmp_path / "hf")
     env = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env])
     try:
-        mp.start_processes(_rank, args=(str(tmp_path / "store"), str(hf), tensor, sp, expert, str(tmp_path / "ckpt"),
+        mp.start_processes(_rank, args=(str(tmp_path / "store"), str(hf), tensor, sp, expert, etp, str(tmp_path / "ckpt"),
                                         str(tmp_path / "result.pt")),
                            nprocs=2, start_method="spawn")
     finally:

@@ -115,12 +115,19 @@ class ParallelSizes:
     sequence_parallel: bool = False
     recompute: str = "none"  # none | full | selective
     expert: int = 1  # expert-parallel ranks of a mixture of experts (each holds experts/expert of them)
+    expert_tensor: int | None = None  # tensor-parallel ranks each expert is split over (None: tensor's)
+
+    @property
+    def etp(self) -> int:
+        """The expert-tensor-parallel size in effect (megatron-core's default: the tensor size)."""
+        return self.expert_tensor or self.tensor
 
     @classmethod
     def from_spec(cls, spec: Any) -> ParallelSizes:
         par = spec.parallelism
         return cls(tensor=par.tensor, pipeline=par.pipeline, context=par.context,
-                   sequence_parallel=par.sequence_parallel, recompute=par.recompute, expert=par.expert)
+                   sequence_parallel=par.sequence_parallel, recompute=par.recompute, expert=par.expert,
+                   expert_tensor=par.expert_tensor)
 
 
 def transformer_config(
@@ -130,13 +137,14 @@ def transformer_config(
     dtype: torch.dtype,
     cpu: bool,
     overrides: dict[str, Any] | None = None,
+    training: bool = True,
 ):
     """The megatron-core TransformerConfig of `arch` under `sizes`, with `overrides` (from
-    `split_megatron_args`) applied last."""
+    `split_megatron_args`) applied last; `training` False for a model only loaded and saved."""
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    check_divisible(arch, sizes)
+    check_divisible(arch, sizes, training=training)
     recompute: dict[str, Any] = {}
     if sizes.recompute == "full":
         recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
@@ -162,6 +170,7 @@ def transformer_config(
         pipeline_model_parallel_size=sizes.pipeline,
         context_parallel_size=sizes.context,
         expert_model_parallel_size=sizes.expert,
+        expert_tensor_parallel_size=sizes.expert_tensor,
         sequence_parallel=sizes.sequence_parallel,
         # Micro-batches have different shapes: pipeline stages exchange them before each transfer.
         variable_seq_lengths=sizes.pipeline > 1,
@@ -217,13 +226,17 @@ def _moe_config(arch: HFArchitecture, *, cpu: bool) -> dict[str, Any]:
                 moe_grouped_gemm=False, moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0)
 
 
-def check_divisible(arch: HFArchitecture, sizes: ParallelSizes) -> None:
-    """Refuse parallel sizes the architecture cannot be split into, naming the spec field (the
-    spec's own check, spec/model_fit.py, for callers that hold an architecture)."""
+def check_divisible(arch: HFArchitecture, sizes: ParallelSizes, *, training: bool = True) -> None:
+    """Refuse parallel sizes the architecture cannot be split into (or, `training`, trained as),
+    naming the spec field (the spec's own check, spec/model_fit.py, for callers that hold an
+    architecture). Conversion only loads and saves, where a MoE needs no sequence parallelism."""
     config = {"num_attention_heads": arch.num_heads, "num_key_value_heads": arch.num_kv_heads,
               "vocab_size": arch.vocab_size, "intermediate_size": arch.ffn_hidden_size,
-              "num_hidden_layers": arch.num_layers, "num_experts": arch.num_experts, "model_type": arch.model_type}
-    for field, message in split_violations(sizes.tensor, sizes.pipeline, config, expert=sizes.expert):
+              "num_hidden_layers": arch.num_layers, "num_experts": arch.num_experts, "model_type": arch.model_type,
+              "moe_intermediate_size": arch.moe_ffn_hidden_size}
+    for field, message in split_violations(sizes.tensor, sizes.pipeline, config, expert=sizes.expert,
+                                           expert_tensor=sizes.expert_tensor,
+                                           sequence_parallel=sizes.sequence_parallel if training else None):
         raise ValueError(f"spec.{field}: {message}")
     if sizes.sequence_parallel and sizes.tensor == 1:
         raise ValueError("spec.parallelism.sequenceParallel: true needs spec.parallelism.tensor > 1")

@@ -29,7 +29,8 @@ def hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, *, tensor: int = 1, 
 
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     try:
-        check_divisible(hf_architecture(AutoConfig.from_pretrained(hf_dir)), ParallelSizes(tensor=tensor, pipeline=pipeline))
+        check_divisible(hf_architecture(AutoConfig.from_pretrained(hf_dir)), ParallelSizes(tensor=tensor, pipeline=pipeline),
+                        training=False)
     except ValueError as err:  # the sizes come from the command line here, not from a spec
         raise ValueError(str(err).replace("spec.parallelism.tensor", "--tensor").replace(
             "spec.parallelism.pipeline", "--pipeline")) from err
@@ -76,7 +77,7 @@ def _megatron_to_hf(checkpoint: str | Path, hf_config_dir: str | Path, out_dir: 
     init_parallel_state(sizes, cpu=True)
     try:
         seed_model_parallel(0, cpu=True)
-        config = transformer_config(arch, sizes, dtype=torch.float32, cpu=True)
+        config = transformer_config(arch, sizes, dtype=torch.float32, cpu=True, training=False)
         model = build_gpt_model(config, arch, pre_process=True, post_process=True)
         loaded = dist_checkpointing.load({"model": model.sharded_state_dict(prefix="")}, str(source))
         load_model_state(model, loaded["model"], source)
@@ -137,7 +138,7 @@ def _save_shard_on_cpu(rank: int, world: int, store_path: str, hf_dir: Path, out
         arch = hf_architecture(AutoConfig.from_pretrained(hf_dir))
         init_parallel_state(sizes, cpu=True)
         seed_model_parallel(0, cpu=True)
-        config = transformer_config(arch, sizes, dtype=torch.float32, cpu=True)
+        config = transformer_config(arch, sizes, dtype=torch.float32, cpu=True, training=False)
         model = build_gpt_model(config, arch, pre_process=ps.is_pipeline_first_stage(),
                                 post_process=ps.is_pipeline_last_stage())
         load_hf_into(model, hf_dir, arch, tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tensor)

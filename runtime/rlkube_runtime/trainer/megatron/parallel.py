@@ -40,14 +40,16 @@ def init_parallel_state(sizes: ParallelSizes, *, cpu: bool) -> None:
             f"spec.parallelism: tensor x pipeline x context = {sizes.tensor * sizes.pipeline * sizes.context} "
             f"does not divide the {world} trainer ranks"
         )
-    if world % (sizes.expert * sizes.tensor * sizes.pipeline):
+    if world % (sizes.expert * sizes.etp * sizes.pipeline):
         raise ValueError(
-            f"spec.parallelism.expert: expert x tensor x pipeline = {sizes.expert * sizes.tensor * sizes.pipeline} "
+            f"spec.parallelism.expert: expert x {'expertTensor' if sizes.expert_tensor else 'tensor'} x pipeline = "
+            f"{sizes.expert * sizes.etp * sizes.pipeline} "
             f"does not divide the {world} trainer ranks"
         )
     if ps.model_parallel_is_initialized():
         same = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-                ps.get_expert_model_parallel_world_size()) == (sizes.tensor, sizes.pipeline, sizes.expert)
+                ps.get_expert_model_parallel_world_size(), ps.get_expert_tensor_parallel_world_size()) == (
+            sizes.tensor, sizes.pipeline, sizes.expert, sizes.etp)
         if same:
             return
         ps.destroy_model_parallel()
@@ -56,6 +58,7 @@ def init_parallel_state(sizes: ParallelSizes, *, cpu: bool) -> None:
         pipeline_model_parallel_size=sizes.pipeline,
         context_parallel_size=sizes.context,
         expert_model_parallel_size=sizes.expert,
+        expert_tensor_parallel_size=sizes.expert_tensor,
     )
 
 
