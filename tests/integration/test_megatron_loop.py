@@ -142,6 +142,9 @@ def test_a_mixture_of_experts_split_over_two_expert_parallel_ranks_learns_with_e
     assert max(gaps) < 1e-4, gaps
     rewards = [m["rollout/raw_reward"] for m in records]
     assert sum(rewards[:3]) / 3 < 0.08 and sum(rewards[-5:]) / 5 > 0.12, rewards
+    # The load-balancing loss is reported every step, near 1 (balanced) and at most the expert count.
+    balance = [m["train/moe_load_balancing_loss"] for m in records]
+    assert all(0.9 < b < 8 for b in balance), balance
 
     # Rank r's checkpoint file holds the experts r x 4 to r x 4 + 3 (megatron's global expert index).
     from torch.distributed.checkpoint import FileSystemReader

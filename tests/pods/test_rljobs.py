@@ -230,7 +230,9 @@ def test_a_separate_job_trains_to_succeeded_on_real_pods_through_a_lost_rollout_
                          "the engine's restart in the status")
         assert rljob(cluster, namespace, name)["status"]["restarts"].get("job", 0) == 0, watch.history()
 
-        panels = chart.dashboard_queries()
+        # All but the MoE panel, whose losses need a mixture of experts with megatronArgs turning them on
+        # (this tiny job is dense): test_megatron_loop's expert-parallel run asserts those series.
+        panels = [query for query in chart.dashboard_queries() if query[1] != "MoE load balancing"]
         assert_every_query_returns_data(prom, panels, start, timeout=120, translate=chart.for_prometheus)
 
         # Suspend: the attempt saves and its pods go; resume continues after that checkpoint.
