@@ -67,6 +67,14 @@ def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any], *, e
     return violations
 
 
+def moe_loss_violations(megatron_args: Mapping[str, Any] | None, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The megatronArgs MoE losses a dense model of this config.json cannot have."""
+    if expert_count_key(config):
+        return []
+    return [(f"model.megatronArgs.{key}", f"a mixture-of-experts loss, and the model (config.json model_type "
+             f"{config.get('model_type')!r}) has no experts; remove it") for key in moe_loss_keys(megatron_args)]
+
+
 def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What `spec` (an RLJobSpec) asks that the model of `config` (its config.json) cannot do."""
     moe = expert_count_key(config)
@@ -83,10 +91,7 @@ def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str
     par = spec.parallelism
     violations = split_violations(par.tensor, par.pipeline, config, expert=par.expert, expert_tensor=par.expert_tensor,
                                   sequence_parallel=par.sequence_parallel)
-    if not moe:
-        violations += [(f"model.megatronArgs.{key}", f"a mixture-of-experts loss, and the model (config.json "
-                        f"model_type {model_type!r}) has no experts; remove it")
-                       for key in moe_loss_keys(spec.model.megatron_args)]
+    violations += moe_loss_violations(spec.model.megatron_args, config)
     if chosen_backend(spec)[0] != backend:  # `auto` chose megatron for this model: megatron's rules apply
         violations = backend_violations(with_backend(spec, backend)) + violations
     return violations

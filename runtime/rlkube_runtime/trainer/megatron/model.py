@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from rlkube_runtime.spec.megatron_args import (MOE_LOSS_KEYS, megatron_arg_name, megatron_arg_problem,
-                                               megatron_arg_target, megatron_args_violations)
-from rlkube_runtime.spec.model_fit import MEGATRON_MODEL_TYPES, split_violations
+from rlkube_runtime.spec.megatron_args import (megatron_arg_name, megatron_arg_problem, megatron_arg_target,
+                                               megatron_args_violations)
+from rlkube_runtime.spec.model_fit import MEGATRON_MODEL_TYPES, moe_loss_violations, split_violations
 
 # Mixture-of-experts families the model builder and converter know (beside the dense ones).
 MOE_MODEL_TYPES = ("qwen3_moe",)
@@ -202,12 +202,10 @@ def transformer_config(
 
 
 def check_moe_losses(arch: HFArchitecture, sizes: ParallelSizes, overrides: dict[str, Any]) -> None:
-    """Refuse load-balancing losses on a dense model, or where the spec's rules refuse them."""
-    keys = [key for key in overrides if key in MOE_LOSS_KEYS]
-    if keys and not arch.num_experts:
-        raise ValueError(f"spec.model.megatronArgs.{keys[0]}: a mixture-of-experts loss, and the model "
-                         f"({arch.model_type}) has no experts; remove it")
-    for field, message in megatron_args_violations(overrides, pipeline=sizes.pipeline, expert=sizes.expert):
+    """Refuse load-balancing losses on a dense model, or where the spec's rules refuse them (the
+    spec's own checks, for callers that hold an architecture)."""
+    for field, message in (moe_loss_violations(overrides, _fit_config(arch))
+                           + megatron_args_violations(overrides, pipeline=sizes.pipeline, expert=sizes.expert)):
         raise ValueError(f"spec.{field}: {message}")
 
 
@@ -216,7 +214,7 @@ def _moe_config(arch: HFArchitecture, *, cpu: bool) -> dict[str, Any]:
     every expert's logit, the top k kept (pre-softmax routing), renormalised when moe_norm_topk
     (which equals a softmax over the k kept logits: megatron's default order). Experts run one
     after another (SequentialMLP): grouped GEMM needs TransformerEngine or grouped_gemm. No
-    load-balancing loss unless megatronArgs asks for one (`MOE_LOSS_KEYS`). On the CPU tokens reach the experts through
+    load-balancing loss unless megatronArgs asks for one (`spec.megatron_args.MOE_LOSS_KEYS`). On the CPU tokens reach the experts through
     the all-gather dispatcher: the all-to-all one opens a CUDA stream when it is built."""
     if not arch.num_experts:
         return {}
@@ -226,15 +224,19 @@ def _moe_config(arch: HFArchitecture, *, cpu: bool) -> dict[str, Any]:
                 moe_grouped_gemm=False, moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0)
 
 
+def _fit_config(arch: HFArchitecture) -> dict[str, Any]:
+    """The config.json fields spec/model_fit.py's checks read, from an architecture."""
+    return {"num_attention_heads": arch.num_heads, "num_key_value_heads": arch.num_kv_heads,
+            "vocab_size": arch.vocab_size, "intermediate_size": arch.ffn_hidden_size,
+            "num_hidden_layers": arch.num_layers, "num_experts": arch.num_experts, "model_type": arch.model_type,
+            "moe_intermediate_size": arch.moe_ffn_hidden_size}
+
+
 def check_divisible(arch: HFArchitecture, sizes: ParallelSizes, *, training: bool = True) -> None:
     """Refuse parallel sizes the architecture cannot be split into (or, `training`, trained as),
     naming the spec field (the spec's own check, spec/model_fit.py, for callers that hold an
     architecture). Conversion only loads and saves, where a MoE needs no sequence parallelism."""
-    config = {"num_attention_heads": arch.num_heads, "num_key_value_heads": arch.num_kv_heads,
-              "vocab_size": arch.vocab_size, "intermediate_size": arch.ffn_hidden_size,
-              "num_hidden_layers": arch.num_layers, "num_experts": arch.num_experts, "model_type": arch.model_type,
-              "moe_intermediate_size": arch.moe_ffn_hidden_size}
-    for field, message in split_violations(sizes.tensor, sizes.pipeline, config, expert=sizes.expert,
+    for field, message in split_violations(sizes.tensor, sizes.pipeline, _fit_config(arch), expert=sizes.expert,
                                            expert_tensor=sizes.expert_tensor,
                                            sequence_parallel=sizes.sequence_parallel if training else None):
         raise ValueError(f"spec.{field}: {message}")
