@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         print(log.read_text(encoding="utf-8", errors="replace")[-6000:], flush=True)
     figures = {"build": build, "returncode": rc, "wall_s": wall, "peak_gpu_memory_mib": peak_mib, "rollouts": rows}
     command = command_line(__file__, argv)
-    write_results(_report(args, build, rows, rc, wall, peak_mib, command), figures, command, out=args.out, json_path=args.json)
-    print(_report(args, build, rows, rc, wall, peak_mib, command), flush=True)
+    report = _report(args, build, rows, rc, wall, peak_mib, command)
+    write_results(report, figures, command, out=args.out, json_path=args.json)
+    print(report, flush=True)
     return 0 if rc == 0 and len(rows) == args.rollouts else 1
 
 
