@@ -49,6 +49,7 @@ COLUMNS = (  # (metrics.jsonl key, column title, digits)
     ("train/train_rollout_logprob_abs_diff", "log-prob gap", 4),
     ("rollout/response_len/mean", "response tokens", 0),
     ("train/moe_load_balancing_loss", "balance loss", 3),
+    ("rollout/routed_experts_bytes", "routes bytes", 0),
     ("perf/rollout_time", "generate s", 2),
     ("perf/actor_train_time", "train s", 2),
     ("perf/update_weights_time", "sync s", 3),
@@ -100,6 +101,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--aux-loss-coeff", type=float, default=0.0,
                    help="megatronArgs moe-aux-loss-coeff (0: no load-balancing loss, the routing of the HF block alone)")
+    p.add_argument("--routing-replay", action="store_true",
+                   help="training.routingReplay: the engine reports every token's experts and the trainer replays them")
     p.add_argument("--tiny-shape", action="store_true", help="the same code path at CPU size")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help="where the checkpoint is built")
     p.add_argument("--timeout", type=float, default=540, help="seconds the run may take")
@@ -158,7 +161,7 @@ def _rljob(args: argparse.Namespace, build: dict, prompts: Path) -> dict:
                         "maxResponseLen": args.max_response_len, "temperature": 1.0},
             "reward": {"type": "custom", "customPath": "even_token_reward:even_token_share"},
             "algorithm": {"advantageEstimator": "grpo"},
-            "training": {"backend": "megatron", "numRollout": args.rollouts,
+            "training": {"backend": "megatron", "numRollout": args.rollouts, "routingReplay": args.routing_replay,
                          "globalBatchSize": args.batch_size * args.n_samples, "updateWeightsInterval": 1,
                          "optimizer": {"lr": args.lr}, "seed": args.seed},
             "resources": {"placement": "colocated", "trainer": {"nodes": 1, "gpusPerNode": 1}},
@@ -201,7 +204,9 @@ def _report(args, build, rows, rc, wall, peak_mib, command) -> str:
         f"Device: {build['gpu'] or build['device']}. Each rollout: {args.batch_size} prompts of {args.prompt_len} tokens "
         f"x {args.n_samples} samples, up to {args.max_response_len} new tokens, temperature 1.0, GRPO, lr {args.lr:g}, "
         "one optimizer step, a weight sync (every expert) after it. Reward: the share of response tokens with an even id "
-        "(chance 0.5)." + (f" Load-balancing loss on (moe-aux-loss-coeff {args.aux_loss_coeff:g})." if args.aux_loss_coeff else ""),
+        "(chance 0.5)." + (f" Load-balancing loss on (moe-aux-loss-coeff {args.aux_loss_coeff:g})." if args.aux_loss_coeff else "")
+        + (" Rollout routing replay on (training.routingReplay: the trainer's routers take the engine's experts)."
+           if args.routing_replay else ""),
         "",
         f"Exit code {rc}, {len(rows)} of {args.rollouts} rollouts, wall {wall:.0f} s (start-up included)"
         + (f", peak GPU memory used {peak_mib / 1024:.1f} GiB (nvidia-smi, every 0.5 s)" if peak_mib else "") + ".",

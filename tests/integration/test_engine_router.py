@@ -169,6 +169,34 @@ async def test_router_keeps_serving_when_an_engine_dies_and_both_serve_after_res
         assert not _running(pid), f"process {pid} outlived stop()"
 
 
+async def test_routing_replays_requests_reach_the_engines_whole_spread_over_them_and_past_a_dead_one(tmp_path):
+    """sglang-router 0.3.2 drops `return_routed_experts` from what it forwards, so routing replay's
+    requests go straight to the engines the router lists (generate_on_engines): they come back with
+    the routes, both engines serve, and a dead engine is passed over."""
+    from rlkube_runtime.tiny.model import build_tiny_checkpoint
+
+    moe = build_tiny_checkpoint(tmp_path / "moe", experts=8)
+    engines = start_engines(2, model_path=str(moe), log_dir=str(tmp_path), seed=3, name_prefix="routes",
+                            engine_args={"num-threads": 1}, return_routed_experts=True)
+    router = RouterProcess([e.url for e in engines], log_dir=str(tmp_path), router_args={"policy": "round_robin"}).start()
+    asks = {**_request("routes"), "return_routed_experts": True}
+    try:
+        async with RolloutClient(router.url, max_attempts=10) as client:
+            assert "routed_experts" not in (await client.generate(asks))["meta_info"]  # the router's forward
+            before = [await finished_requests(e.url) for e in engines]
+            results = await asyncio.gather(*(client.generate_on_engines({**asks, "rid": f"direct-{i}"}) for i in range(16)))
+            assert all("routed_experts" in r["meta_info"] for r in results)
+            served = [await finished_requests(e.url) - b for e, b in zip(engines, before)]
+            assert min(served) > 0 and sum(served) == 16, served
+            engines[0].kill()  # still listed by the router: its failures take it out of the client's rotation
+            results = await asyncio.gather(*(client.generate_on_engines({**asks, "rid": f"past-{i}"}) for i in range(8)))
+            assert all(len(r["output_ids"]) == 16 and "routed_experts" in r["meta_info"] for r in results)
+    finally:
+        router.stop()
+        for engine in engines:
+            engine.stop()
+
+
 def test_an_engine_that_cannot_start_fails_fast_quoting_its_log(tmp_path):
     with pytest.raises(ProcessStartError) as error:
         start_engine(model_path=str(tmp_path / "no-such-model"), log_dir=str(tmp_path), name="broken", startup_timeout_s=120)

@@ -112,7 +112,9 @@ def test_a_mixture_of_experts_split_over_two_expert_parallel_ranks_learns_with_e
     each rank trains 4 of the experts (its checkpoint shards hold only those), the weight sync
     gathers all 8 to the engine, whose log-probs of what it generated stay the trainer's to float
     rounding at a learning rate that moves every expert each step (an expert left behind: 0.1 and
-    more), and the reward climbs from chance (1 in 19), a load-balancing loss on."""
+    more), and the reward climbs from chance (1 in 19), a load-balancing loss and routing replay on:
+    the engine reports every token's experts and the trainer's routers take them (a sample without
+    them, or with routes of the wrong length, stops the run)."""
     from rlkube_runtime.tiny.model import build_tiny_checkpoint
 
     model = build_tiny_checkpoint(tmp_path / "moe", hidden_size=32, experts=8)
@@ -120,6 +122,7 @@ def test_a_mixture_of_experts_split_over_two_expert_parallel_ranks_learns_with_e
         # With the load-balancing loss megatron-core's recipes use, through every rule that admits it.
         "spec.model": {"hfCheckpoint": str(model), "dtype": "float32", "megatronArgs": {"moe-aux-loss-coeff": 1e-3}},
         "spec.training.numRollout": EP_ROLLOUTS, "spec.training.backend": "megatron",
+        "spec.training.routingReplay": True,
         "spec.training.optimizer.lr": 5e-2,
         "spec.checkpoint.interval": EP_ROLLOUTS,
         "spec.parallelism": {"expert": 2},
@@ -145,6 +148,9 @@ def test_a_mixture_of_experts_split_over_two_expert_parallel_ranks_learns_with_e
     # The load-balancing loss is reported every step, near 1 (balanced) and at most the expert count.
     balance = [m["train/moe_load_balancing_loss"] for m in records]
     assert all(0.9 < b < 8 for b in balance), balance
+    engine_lines = [line for log in (out / "logs").glob("engine-*.log") for line in log.read_text().splitlines()
+                    if line.startswith("$ ")]
+    assert engine_lines and all("--enable-return-routed-experts" in line for line in engine_lines), engine_lines
 
     # Rank r's checkpoint file holds the experts r x 4 to r x 4 + 3 (megatron's global expert index).
     from torch.distributed.checkpoint import FileSystemReader

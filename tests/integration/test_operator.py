@@ -279,9 +279,13 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
          "ppo needs a critic (value) model"),
         ("mask", {"rollout": {"maskOffPolicyInPartialRollout": True}}, "spec.rollout.maskOffPolicyInPartialRollout",
          "maskOffPolicyInPartialRollout masks what partial rollout kept from an earlier rollout"),
+        ("torch-replay", {"training": {"backend": "torch", "routingReplay": True}}, "spec.training.routingReplay",
+         "routingReplay has the trainer's routers take the engine's experts, which the torch backend"),
+        ("pipelined-replay", {"training": {"routingReplay": True}, "parallelism": {"pipeline": 2}},
+         "spec.training.routingReplay", "routingReplay with parallelism.pipeline(2) > 1 is not built"),
     ],
     ids=["torch-tensor-parallel", "megatron-replica-too-big", "expert-parallel-too-big", "torch-expert-tensor", "fp8-rollouts-into-sglang", "async-buffer-2-in-sync-mode", "ppo",
-         "off-policy-mask-without-partial-rollout"],
+         "off-policy-mask-without-partial-rollout", "torch-routing-replay", "pipelined-routing-replay"],
 )
 def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_path, name, spec, field, message):
     """The CRD's CEL rules for spec/backend_rules.py and the unimplemented fields, in the real API
@@ -303,9 +307,10 @@ def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_p
         {"rollout": {"partialRollout": True, "maskOffPolicyInPartialRollout": True}},
         {"parallelism": {"expert": 2}},
         {"parallelism": {"tensor": 2, "expert": 2, "expertTensor": 1, "sequenceParallel": True}},
+        {"training": {"numRollout": 3, "routingReplay": True}, "parallelism": {"expert": 2}},
     ],
     ids=["chat-template-kwargs", "ref-update-interval", "hf-export-interval", "async-buffer-4", "off-policy-mask",
-         "expert-parallel-2", "whole-experts-beside-tensor-2"],
+         "expert-parallel-2", "whole-experts-beside-tensor-2", "routing-replay"],
 )
 def test_the_api_server_accepts_the_switches_the_runtime_honours(crd_installed, ns, spec):
     """Their CEL rules compile in the real API server and pass a spec that uses them (a rule the

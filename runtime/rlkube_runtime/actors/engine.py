@@ -35,6 +35,7 @@ def engine_actor_options(
         "sglang_args": dict(rollout.sglang_args),
         "quantization": rollout_quantization(spec.model.rollout_dtype),
         "gpu_ids": tuple(gpu_ids),  # empty: the GPUs Ray gives the actor
+        "return_routed_experts": spec.training.routing_replay,
     }
 
 
@@ -56,6 +57,7 @@ class EngineActor:
         host: str | None = None,
         gpu_ids: tuple[int, ...] = (),
         quantization: str | None = None,
+        return_routed_experts: bool = False,
     ):
         self.engine = engine
         self.model_path = model_path
@@ -71,6 +73,7 @@ class EngineActor:
         self.host = host  # None: this node's IP, found when the engine starts
         self.quantization = quantization  # "fp8": the built-in engine serves block-fp8 weights
         self.gpu_ids = tuple(gpu_ids)  # colocated engines over several GPUs: all of them, by id
+        self.return_routed_experts = return_routed_experts  # rollout routing replay
         self._process = None
         self._restarts = 0
 
@@ -102,6 +105,7 @@ class EngineActor:
             "sglang_args": self.sglang_args,
             "engine_args": engine_args,
             "gpu_ids": self.gpu_ids or _ray_gpu_ids(),
+            "return_routed_experts": self.return_routed_experts,
         }
 
     def start(self) -> str:

@@ -216,13 +216,16 @@ class RolloutManager:
     # -- helpers --------------------------------------------------------------------------
 
     def _context(self, rollout_id: int, sampling: SamplingConfig, request_prefix: str = "r") -> GenerateContext:
+        # Training requests under routing replay ask for routed experts, which the router drops.
+        replay = self.spec.training.routing_replay and request_prefix == "r"
         return GenerateContext(
-            generate=self._client.generate,
+            generate=self._client.generate_on_engines if replay else self._client.generate,
             sampling=sampling,
             tokenizer=self.tokenizer,
             max_turns=self.spec.rollout.max_turns,
             rollout_id=rollout_id,
             request_prefix=request_prefix,
+            return_routed_experts=replay,  # training rollouts only: eval samples are never trained on
         )
 
     def _draw_groups(self, num_groups: int) -> list[list[Sample]]:

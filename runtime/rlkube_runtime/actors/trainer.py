@@ -93,7 +93,7 @@ class TrainerWorker:
         from rlkube_runtime.algorithms import compute_approx_kl
 
         batch_samples = [Sample.from_dict(s) for s in samples]
-        batch = to_train_batch(batch_samples)
+        batch = to_train_batch(batch_samples, routes=self.backend.replayed_routes)
         algo = self.spec.algorithm
         needs_ref = self.config.loss.needs_ref_model
 
@@ -255,20 +255,37 @@ def _join_ranks(backend: str, rank: int, world_size: int, master_addr: str, mast
     return store
 
 
-def to_train_batch(samples: list[Sample]) -> TrainBatch:
-    """Rewarded samples to the trainer's column layout (advantages filled in later)."""
+def to_train_batch(samples: list[Sample], *, routes: tuple[int, int] | None = None) -> TrainBatch:
+    """Rewarded samples to the trainer's column layout (advantages filled in later); `routes`
+    (layers, top_k): routing replay is on and each sample's routed experts come along."""
     from rlkube_runtime.trainer.batch import TrainBatch
 
     for s in samples:
         s.check_lengths()
     have_logprobs = all(s.rollout_log_probs is not None for s in samples)
-    return TrainBatch.from_lists(
+    batch = TrainBatch.from_lists(
         tokens=[s.tokens for s in samples],
         response_lengths=[s.response_length for s in samples],
         loss_masks=[s.loss_mask if s.loss_mask is not None else [1] * s.response_length for s in samples],
         advantages=[[0.0] * s.response_length for s in samples],
         rollout_log_probs=[s.rollout_log_probs for s in samples] if have_logprobs else None,
     )
+    if routes is None:
+        return batch
+    return batch.with_fields(routed_experts=[sample_routes(s, *routes) for s in samples])
+
+
+def sample_routes(sample: Sample, num_layers: int, top_k: int) -> torch.Tensor:
+    """The [tokens - 1, layers, top_k] experts the engine routed `sample`'s tokens to."""
+    from rlkube_runtime.routed_experts import decode_routes
+
+    what = f"sample index={sample.index} group_index={sample.group_index}"
+    if sample.routed_experts is None:
+        raise ValueError(f"{what}: spec.training.routingReplay is on and the sample has no routed experts (the "
+                         "engines return them with --enable-return-routed-experts; a custom generate function must "
+                         "send return_routed_experts and keep meta_info.routed_experts, as rollout.generate does)")
+    return decode_routes(sample.routed_experts, num_layers=num_layers, top_k=top_k, num_tokens=len(sample.tokens) - 1,
+                         what=what)
 
 
 def logprob_abs_diff(trainer: list[torch.Tensor], engine: list[torch.Tensor], masks: list[torch.Tensor]) -> float:

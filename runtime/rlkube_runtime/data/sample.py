@@ -55,6 +55,10 @@ class Sample:
     reward: float | dict[str, Any] | None = None
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
+    # The engine's routed experts of every token but the last (routed_experts.py: SGLang's base64
+    # int32 [tokens, layers, top_k]), kept under routing replay; replaced by each generation,
+    # which routes the whole sequence again.
+    routed_experts: str | None = None
     status: SampleStatus = SampleStatus.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
     weight_versions: list[str] = field(default_factory=list)  # policy versions that generated it

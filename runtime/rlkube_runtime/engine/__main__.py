@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         "decoder-layer linear weights are quantized and dequantized at start, and weight updates send e4m3 "
         "weights with their _scale_inv; computed in --dtype (the weights' quantization error, not fp8 GEMMs)",
     )
+    parser.add_argument(
+        "--enable-return-routed-experts", action="store_true",
+        help="answer requests with return_routed_experts with every token's experts in each layer "
+        "(meta_info.routed_experts, as SGLang's flag): mixture-of-experts models, for rollout routing replay",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
         "--trust-remote-code", action="store_true",
@@ -92,6 +97,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         trust_remote_code=args.trust_remote_code,
         api_key=args.api_key or None,
         quantization=args.quantization,
+        return_routed_experts=args.enable_return_routed_experts,
     )
 
 

@@ -58,6 +58,9 @@ class EngineConfig:
     # its weights in `dtype`, dequantized: this models the weights' quantization error, not
     # SGLang's fp8 GEMMs (which also quantize the activations per token group at run time).
     quantization: str | None = None
+    # Report every token's routed experts to requests that ask (SGLang's --enable-return-routed-experts):
+    # mixture-of-experts models on the generic runner, for rollout routing replay.
+    return_routed_experts: bool = False
 
 
 class Engine:
@@ -113,7 +116,7 @@ class Engine:
     # ---- generation ------------------------------------------------------------------------
 
     async def generate(self, body: Any) -> dict[str, Any] | list[dict[str, Any]]:
-        request = protocol.parse_generate(body, vocab_size=self.vocab_size)
+        request = protocol.parse_generate(body, vocab_size=self.vocab_size, routes_enabled=self.config.return_routed_experts)
         sequences = [self._sequence(item) for item in request.items]
         for seq in sequences:
             self.scheduler.submit(seq)
@@ -376,10 +379,14 @@ def _make_runner(model: torch.nn.Module, config: EngineConfig, pad_token_id: int
     if config.runner not in RUNNERS:
         raise ValueError(f"runner must be one of {list(RUNNERS)}, got {config.runner!r}")
     reason = unsupported_reason(model)
-    if config.runner == "hf" or (config.runner == "auto" and reason is not None):
+    if config.return_routed_experts and config.runner == "slot":
+        raise ValueError("--enable-return-routed-experts reads a mixture of experts' routers, which the generic "
+                         "runner runs; use runner 'hf' or 'auto'")
+    if config.runner == "hf" or (config.runner == "auto" and reason is not None) or config.return_routed_experts:
         if reason is not None:
             log.info("generic runner (transformers forward, no CUDA graphs): %s", reason)
-        return HFRunner(model, max_rows=config.max_running_requests, pad_token_id=pad_token_id)
+        return HFRunner(model, max_rows=config.max_running_requests, pad_token_id=pad_token_id,
+                        record_routes=config.return_routed_experts)
     if reason is not None:
         raise ValueError(f"runner 'slot' cannot run {config.model_path}: {reason}; use runner 'hf' or 'auto'")
     runner = SlotRunner(

@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import torch
 
+from rlkube_runtime.engine.expert_routes import ExpertRouteRecorder
 from rlkube_runtime.engine.kv_batch import KVBatch, new_cache
 from rlkube_runtime.engine.kv_batch import forward as kv_forward
 
 
 class HFRunner:
-    """Same interface as `SlotRunner`: prefill joins rows at the end, decode steps them all."""
+    """Same interface as `SlotRunner`: prefill joins rows at the end, decode steps them all.
 
-    def __init__(self, model: torch.nn.Module, *, max_rows: int, pad_token_id: int):
+    With `record_routes` (a mixture of experts), each forward also leaves `routes`: per row, the
+    [tokens, layers, top_k] experts its fed tokens were routed to (every token of a prefilled row,
+    the one fed token of a decoded row)."""
+
+    def __init__(self, model: torch.nn.Module, *, max_rows: int, pad_token_id: int, record_routes: bool = False):
         self.model = model
+        self._recorder = ExpertRouteRecorder(model) if record_routes else None
+        self.routes: list[torch.Tensor] | None = None
         self.max_rows = max_rows
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
@@ -46,6 +53,9 @@ class HFRunner:
         logits = kv_forward(self.model, cache, input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
         joined = KVBatch(cache=cache, attention_mask=mask)
         self._kv = joined if self._kv is None else self._kv.join(joined)
+        if self._recorder is not None:
+            routes = self._recorder.take().view(len(rows), width, self._recorder.num_layers, self._recorder.top_k)
+            self.routes = [routes[i, width - len(row) :] for i, row in enumerate(rows)]  # left-padded rows
         return logits[:, -1, :]
 
     @torch.inference_mode()
@@ -58,6 +68,9 @@ class HFRunner:
         # The cache grows by one slot in place; the mask is rebuilt to match.
         logits = kv_forward(self.model, kv.cache, input_ids=input_ids, attention_mask=mask, position_ids=position_ids)
         self._kv = KVBatch(cache=kv.cache, attention_mask=mask)
+        if self._recorder is not None:
+            routes = self._recorder.take()
+            self.routes = [routes[i : i + 1] for i in range(batch)]
         return logits[:, -1, :]
 
     def keep(self, rows: list[int]) -> None:

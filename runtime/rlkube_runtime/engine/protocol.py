@@ -37,7 +37,6 @@ _NEUTRAL_GENERATE_FIELDS = {
     "bootstrap_port": None,
     "bootstrap_room": None,
     "data_parallel_rank": None,
-    "return_routed_experts": False,
 }
 
 # Sampling parameters SGLang defines that the built-in engine does not implement; accepted only at
@@ -120,7 +119,8 @@ class GenerateItem:
     input_ids: tuple[int, ...] | None
     sampling: SamplingParams
     return_logprob: bool
-    sample_index: int  # which of the n parallel samples of its prompt this is
+    sample_index: int
+    return_routed_experts: bool = False  # which of the n parallel samples of its prompt this is
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +131,11 @@ class GenerateRequest:
     is_single: bool
 
 
-def parse_generate(body: Any, *, vocab_size: int) -> GenerateRequest:
+def parse_generate(body: Any, *, vocab_size: int, routes_enabled: bool = False) -> GenerateRequest:
     """Validate a /generate body the way SGLang's GenerateReqInput normalises it.
+
+    `return_routed_experts` needs `routes_enabled` (the server's --enable-return-routed-experts):
+    SGLang would answer without routes; here the request is refused, naming the flag.
 
     Batch input (a list of texts or of id lists) and `n > 1` both answer with a list; the n samples
     of a prompt are adjacent (prompt-major order), each with its own rid.
@@ -141,7 +144,8 @@ def parse_generate(body: Any, *, vocab_size: int) -> GenerateRequest:
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
         raise ProtocolError("text", "give exactly one of 'text' (a string or list of strings) or 'input_ids'")
-    _check_neutral_fields(body, _NEUTRAL_GENERATE_FIELDS, known={"text", "input_ids", "sampling_params", "rid", "return_logprob"})
+    _check_neutral_fields(body, _NEUTRAL_GENERATE_FIELDS, known={"text", "input_ids", "sampling_params", "rid", "return_logprob",
+                                                                        "return_routed_experts"})
 
     if text is not None:
         prompts, is_batch = _parse_texts(text)
@@ -156,6 +160,9 @@ def parse_generate(body: Any, *, vocab_size: int) -> GenerateRequest:
     n = n_values.pop()
     return_logprob = _per_prompt(body.get("return_logprob"), batch_size, is_batch, "return_logprob", _parse_bool)
     rids = _parse_rids(body.get("rid"), batch_size, is_batch, n)
+    routes = _per_prompt(body.get("return_routed_experts"), batch_size, is_batch, "return_routed_experts", _parse_bool)
+    if any(routes) and not routes_enabled:
+        raise ProtocolError("return_routed_experts", "the engine was started without --enable-return-routed-experts")
 
     items = []
     for i, prompt in enumerate(prompts):
@@ -168,6 +175,7 @@ def parse_generate(body: Any, *, vocab_size: int) -> GenerateRequest:
                     sampling=sampling[i],
                     return_logprob=return_logprob[i],
                     sample_index=j,
+                    return_routed_experts=routes[i],
                 )
             )
     return GenerateRequest(items=tuple(items), is_single=not is_batch and n == 1)

@@ -224,6 +224,7 @@ class Scheduler:
             # A retracted request re-prefills its prompt and the tokens it already generated.
             inputs = [seq.prompt_ids + seq.output_ids for seq in group]
             logits = self.runner.prefill(inputs, [seq.slots_needed for seq in group])
+            self._record_routes(group, prefill=True)
             self.prefill_tokens += sum(map(len, inputs))
             self._sample_and_advance(logits, group)
 
@@ -231,7 +232,17 @@ class Scheduler:
         """One token for every running request, in one step over the shared cache."""
         running = self._running
         logits = self.runner.decode([seq.output_ids[-1] for seq in running], [seq.num_tokens - 1 for seq in running])
+        self._record_routes(running, prefill=False)
         self._sample_and_advance(logits, list(running))
+
+    def _record_routes(self, sequences: list[Sequence], *, prefill: bool) -> None:
+        """Hand each sequence that asked for them the routes of the forward just run."""
+        routes = getattr(self.runner, "routes", None)
+        if routes is None:
+            return
+        for seq, part in zip(sequences, routes):
+            if seq.item.return_routed_experts:
+                seq.record_routes(part, prefill=prefill)
 
     def _sample_and_advance(self, logits: torch.Tensor, sequences: list[Sequence]) -> None:
         rows = SamplingRows.build(

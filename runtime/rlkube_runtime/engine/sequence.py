@@ -7,8 +7,11 @@ import dataclasses
 import time
 from typing import Any
 
+import torch
+
 from rlkube_runtime.engine import protocol
 from rlkube_runtime.engine.protocol import GenerateItem, SamplingParams
+from rlkube_runtime.routed_experts import encode_routes
 
 
 @dataclasses.dataclass(eq=False)
@@ -24,6 +27,8 @@ class Sequence:
     output_ids: list[int] = dataclasses.field(default_factory=list)
     output_logprobs: list[float] = dataclasses.field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
+    # Under return_routed_experts: [tokens, layers, top_k] parts, one row per token fed so far.
+    routes: list[torch.Tensor] = dataclasses.field(default_factory=list)
     created_at: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
@@ -64,6 +69,14 @@ class Sequence:
             if matched is not None:
                 self.finish_reason = protocol.finish_stop(matched)
 
+    def record_routes(self, routes: torch.Tensor, *, prefill: bool) -> None:
+        """A forward's routes of this sequence's fed tokens: a prefill fed them all (a retracted
+        request's re-prefill replaces what it had), a decode step one more."""
+        if prefill:
+            self.routes = [routes]
+        else:
+            self.routes.append(routes)
+
     def finish_now(self, reason: dict[str, Any]) -> None:
         if self.finish_reason is None:
             self.finish_reason = reason
@@ -81,7 +94,16 @@ class Sequence:
         }
         if self.item.return_logprob:
             meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(self.output_logprobs, self.output_ids)]
+        if self.item.return_routed_experts:
+            meta["routed_experts"] = self._routed_experts()
         return {"text": self._text(tokenizer), "output_ids": list(self.output_ids), "meta_info": meta}
+
+    def _routed_experts(self) -> str:
+        """Every fed token's routes (all but the newest token), as SGLang encodes them."""
+        routes = torch.cat(self.routes) if self.routes else torch.zeros((0, 0, 0), dtype=torch.int32)
+        if routes.shape[0] != self.num_tokens - 1:
+            raise RuntimeError(f"rid {self.rid}: routes of {routes.shape[0]} tokens for {self.num_tokens - 1} fed")
+        return encode_routes(routes)
 
     def _text(self, tokenizer) -> str:
         ids = self.output_ids

@@ -84,6 +84,8 @@ class GenerateContext:
     # Set when the rollout has what it needs and aborts the rest: a multi-turn generate function
     # checks it between turns, since a request it sends after the abort would not be aborted.
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    # Routing replay (spec.training.routingReplay): requests ask for every token's routed experts.
+    return_routed_experts: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -107,10 +109,16 @@ async def generate_sample(ctx: GenerateContext, sample: Sample) -> Sample:
         "sampling_params": ctx.sampling.sampling_params(budget),
         "return_logprob": True,
         "rid": request_id(ctx, sample),
+        **routes_request(ctx),
     }
     response = await ctx.generate(payload)
     append_response(sample, response, loss_mask_value=1)
     return sample
+
+
+def routes_request(ctx: GenerateContext) -> dict[str, Any]:
+    """The /generate field that asks for routed experts, when routing replay needs them."""
+    return {"return_routed_experts": True} if ctx.return_routed_experts else {}
 
 
 def append_response(sample: Sample, response: dict[str, Any], *, loss_mask_value: int) -> None:
@@ -128,6 +136,8 @@ def append_response(sample: Sample, response: dict[str, Any], *, loss_mask_value
     sample.response_length += len(output_ids)
     sample.loss_mask = list(sample.loss_mask or []) + [loss_mask_value] * len(output_ids)
     sample.rollout_log_probs = list(sample.rollout_log_probs or []) + [float(e[0]) for e in logprob_entries]
+    if "routed_experts" in meta:  # the whole sequence's, prompt and earlier turns included
+        sample.routed_experts = meta["routed_experts"]
     if "weight_version" in meta:
         sample.weight_versions = list(sample.weight_versions or []) + [str(meta["weight_version"])]
     finish = (meta.get("finish_reason") or {}).get("type")
@@ -254,6 +264,7 @@ def discard_response(sample: Sample) -> None:
     sample.response_length = 0
     sample.loss_mask = None
     sample.rollout_log_probs = None
+    sample.routed_experts = None
     sample.weight_versions = []
 
 
@@ -280,7 +291,11 @@ def rollout_metrics(groups: Sequence[list[Sample]], seconds: float, rejected: in
     mean = sum(rewards) / len(rewards)
     var = sum((r - mean) ** 2 for r in rewards) / len(rewards)
     tokens = sum(lengths)
+    # Routing replay: what the samples' routed experts add to a rollout on its way to the trainer.
+    routes = {"rollout/routed_experts_bytes": float(sum(len(s.routed_experts) for s in samples))} \
+        if any(s.routed_experts for s in samples) else {}
     return {
+        **routes,
         "rollout/raw_reward": mean,
         "rollout/raw_reward_std": var**0.5,
         "rollout/response_len/mean": tokens / len(samples),

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from rlkube_runtime.data.sample import Sample, SampleStatus
-from rlkube_runtime.rollout.generate import GenerateContext, append_response, request_id
+from rlkube_runtime.rollout.generate import GenerateContext, append_response, request_id, routes_request
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ def _turn_request(ctx: GenerateContext, sample: Sample, budget: int) -> dict[str
         "sampling_params": {**ctx.sampling.sampling_params(budget), "no_stop_trim": True},
         "return_logprob": True,
         "rid": request_id(ctx, sample),
+        **routes_request(ctx),
     }
 
 

@@ -70,14 +70,18 @@ class _HTTP:
     ) -> Any:
         """JSON (or text) of a successful answer, after retries; raises EngineHTTPError otherwise."""
         url = (base_url or self.base_url).rstrip("/") + path
-        async for attempt in AsyncRetrying(
+        async for attempt in self.retrying(max_attempts):
+            with attempt:
+                return await self._once(method, url, body)
+
+    def retrying(self, max_attempts: int | None = None) -> AsyncRetrying:
+        """The retry policy: connection errors and 5xx answers, exponential backoff with jitter."""
+        return AsyncRetrying(
             retry=retry_if_exception(_retryable),
             stop=stop_after_attempt(max_attempts or self._max_attempts),
             wait=wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2),
             reraise=True,
-        ):
-            with attempt:
-                return await self._once(method, url, body)
+        )
 
     async def _once(self, method: str, url: str, body: Any) -> Any:
         session = self._get_session()
@@ -127,6 +131,8 @@ class RolloutClient:
             base_url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, max_attempts=max_attempts,
             max_connections=max_connections, api_key=api_key,
         )
+        self._engines: list[str] = []  # generate_on_engines: the router's engines not yet seen failing
+        self._in_flight: dict[str, int] = {}
 
     @property
     def base_url(self) -> str:
@@ -143,6 +149,33 @@ class RolloutClient:
         if body.get("rid") is None:
             body["rid"] = f"rlkube-{uuid.uuid4().hex}"
         return await self._http.request("POST", "/generate", body)
+
+    async def generate_on_engines(self, request: Mapping[str, Any]) -> GenerateResponse | list[GenerateResponse]:
+        """POST /generate straight to one of the engines the router lists (the one with the fewest
+        of this client's requests in flight), for request fields sglang-router 0.3.2 drops from what
+        it forwards: `return_routed_experts`, which rollout routing replay needs (slime sends such
+        requests through its own router for the same reason). An engine that fails is left out
+        until the list is read from the router again, which happens once every engine listed has
+        failed (a replaced engine registers at a new URL); retries and backoff as `generate`'s."""
+        body = dict(request)
+        if body.get("rid") is None:
+            body["rid"] = f"rlkube-{uuid.uuid4().hex}"
+        async for attempt in self._http.retrying():
+            with attempt:
+                if not self._engines:
+                    self._engines = await self.worker_urls()
+                    if not self._engines:
+                        raise EngineHTTPError(503, "the router lists no engine", self.base_url)
+                url = min(self._engines, key=lambda u: self._in_flight.get(u, 0))
+                self._in_flight[url] = self._in_flight.get(url, 0) + 1
+                try:
+                    return await self._http.request("POST", "/generate", body, base_url=url, max_attempts=1)
+                except Exception as err:
+                    if _retryable(err) and url in self._engines:
+                        self._engines.remove(url)
+                    raise
+                finally:
+                    self._in_flight[url] -= 1
 
     async def worker_urls(self) -> list[str]:
         """The engines behind the router (`GET /workers`), or the base URL itself when it is an engine."""

@@ -77,6 +77,8 @@ class EngineLaunchSpec:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     startup_timeout_s: float = 600.0
     api_key: str | None = None  # the job's API key, required of every caller (engine_launch_spec: RLKUBE_API_KEY)
+    # Every token's routed experts in generate responses (spec.training.routingReplay).
+    return_routed_experts: bool = False
 
 
 class ManagedProcess:
@@ -247,6 +249,8 @@ def builtin_engine_command(spec: EngineLaunchSpec, port: int) -> list[str]:
         extra["trust-remote-code"] = True
     if spec.api_key:
         extra["api-key"] = spec.api_key
+    if spec.return_routed_experts:
+        extra["enable-return-routed-experts"] = True
     if spec.dtype is not None:
         extra = {"dtype": spec.dtype, **{k: v for k, v in extra.items() if flag_name(k) != "dtype"}}
     return base + cli_flags(extra)
@@ -266,6 +270,7 @@ def sglang_config(spec: EngineLaunchSpec, port: int, nccl_port: int | None = Non
         trust_remote_code=spec.trust_remote_code,
         node=spec.node,
         base_gpu_id=spec.base_gpu_id,
+        return_routed_experts=spec.return_routed_experts,
         user_args=dict(spec.engine_args),
         api_key=spec.api_key,
     )
@@ -291,6 +296,7 @@ def start_engine(
     env: Mapping[str, str] | None = None,
     startup_timeout_s: float = 600.0,
     api_key: str | None = None,  # None: the job's (RLKUBE_API_KEY), if any
+    return_routed_experts: bool = False,
 ) -> EngineProcess:
     """Start one engine and return once it is ready (`EngineProcess.wait_ready`).
 

@@ -68,6 +68,7 @@ class SGLangServerConfig:
     base_gpu_id: int | None = None  # None: the first GPU the process sees (CUDA_VISIBLE_DEVICES is narrowed)
     user_args: Mapping[str, ArgValue] = dataclasses.field(default_factory=dict)  # rollout.sglangArgs
     api_key: str | None = None  # the job's API key (RLKUBE_API_KEY): required of every caller but health checks
+    return_routed_experts: bool = False  # spec.training.routingReplay: generate responses carry every token's experts
 
 
 def sglang_server_args(config: SGLangServerConfig) -> list[str]:
@@ -100,6 +101,8 @@ def derived_flags(config: SGLangServerConfig) -> dict[str, ArgValue]:
         "enable-metrics": True,
         # Generation and every weight and admin endpoint then need `Authorization: Bearer <key>`.
         "api-key": config.api_key,
+        # Rollout routing replay: meta_info.routed_experts for requests with return_routed_experts.
+        "enable-return-routed-experts": config.return_routed_experts,
     }
     if config.colocated:
         # Colocated engines hand their GPU memory to the trainer between rollouts

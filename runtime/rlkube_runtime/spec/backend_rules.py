@@ -72,6 +72,14 @@ TORCH_EXPERT_TENSOR_MESSAGE = (
     "expertTensor(%d) > 1 splits each expert over GPUs, which the torch backend cannot do; "
     f"{_USE_MEGATRON}"
 )
+TORCH_ROUTING_REPLAY_MESSAGE = (
+    "routingReplay has the trainer's routers take the engine's experts, which the torch backend (transformers' "
+    f"own MoE layers) cannot do; {_USE_MEGATRON}"
+)
+PIPELINE_ROUTING_REPLAY_MESSAGE = (
+    "routingReplay with parallelism.pipeline(%d) > 1 is not built (the pipeline schedule interleaves micro-batches, "
+    "so the routers of every stage would need the routes of the micro-batch they run); use pipeline 1"
+)
 FLOAT16_MESSAGE = (
     "float16 needs loss scaling, which the megatron backend does not do; use bfloat16 (or float32), or the torch "
     "backend"
@@ -79,11 +87,13 @@ FLOAT16_MESSAGE = (
 
 # CEL: the spec's backend is megatron, or auto with something only megatron does (megatronArgs
 # aside: CEL cannot see them).
+_ROUTING_REPLAY = "(has(self.training.routingReplay) && self.training.routingReplay)"
 _CHOOSES_MEGATRON = (
-    "(self.training.backend == 'megatron' || (self.training.backend == 'auto' && has(self.parallelism) && ("
+    f"(self.training.backend == 'megatron' || (self.training.backend == 'auto' && ({_ROUTING_REPLAY} || "
+    "(has(self.parallelism) && ("
     + " || ".join(f"{_P}.{size} > 1" for size in MODEL_SPLIT_SIZES)
     + f" || {_P}.sequenceParallel || {_P}.recompute == 'selective'"
-    + f" || (has({_P}.expertTensor) && {_P}.expertTensor > 1))))"
+    + f" || (has({_P}.expertTensor) && {_P}.expertTensor > 1))))))"
 )
 
 
@@ -152,6 +162,16 @@ BACKEND_RULES: tuple[dict[str, str], ...] = (
         "fieldPath": ".parallelism.sequenceParallel",
     },
     {
+        "rule": f"!({_IS_TORCH}) || !{_ROUTING_REPLAY}",
+        "message": TORCH_ROUTING_REPLAY_MESSAGE,
+        "fieldPath": ".training.routingReplay",
+    },
+    {
+        "rule": f"!has(self.parallelism) || {_P}.pipeline == 1 || !{_ROUTING_REPLAY}",
+        "messageExpression": _cel_message(PIPELINE_ROUTING_REPLAY_MESSAGE, [f"{_P}.pipeline"]),
+        "fieldPath": ".training.routingReplay",
+    },
+    {
         "rule": f"!{_CHOOSES_MEGATRON} || !has(self.model) || !has(self.model.dtype) || self.model.dtype != 'float16'",
         "message": FLOAT16_MESSAGE,
         "fieldPath": ".model.dtype",
@@ -179,6 +199,8 @@ def chosen_backend(spec: Any, model_config: Mapping[str, Any] | None = None) -> 
         return "megatron", "spec.parallelism.recompute is selective"
     if spec.model.megatron_args:
         return "megatron", "spec.model.megatronArgs is set"
+    if spec.training.routing_replay:
+        return "megatron", "spec.training.routingReplay is on"
     if model_config is not None:
         from .model_fit import expert_count_key
 
@@ -221,6 +243,10 @@ def backend_violations(spec: Any) -> list[tuple[str, str]]:
             violations.append(("parallelism.recompute", TORCH_SELECTIVE_RECOMPUTE_MESSAGE))
         if spec.model.megatron_args:
             violations.append(("model.megatronArgs", TORCH_MEGATRON_ARGS_MESSAGE % len(spec.model.megatron_args)))
+        if spec.training.routing_replay:
+            violations.append(("training.routingReplay", TORCH_ROUTING_REPLAY_MESSAGE))
+    if spec.training.routing_replay and par.pipeline != 1:
+        violations.append(("training.routingReplay", PIPELINE_ROUTING_REPLAY_MESSAGE % par.pipeline))
     if backend == "megatron":
         gpus = trainer.nodes * trainer.gpus_per_node
         group = par.tensor * par.pipeline

@@ -92,6 +92,9 @@ def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str
     violations = split_violations(par.tensor, par.pipeline, config, expert=par.expert, expert_tensor=par.expert_tensor,
                                   sequence_parallel=par.sequence_parallel)
     violations += moe_loss_violations(spec.model.megatron_args, config)
+    if spec.training.routing_replay and not moe:
+        violations.append(("training.routingReplay", f"replays a mixture of experts' routing, and the model (config.json "
+                           f"model_type {model_type!r}) has no experts; leave it false"))
     if chosen_backend(spec)[0] != backend:  # `auto` chose megatron for this model: megatron's rules apply
         violations = backend_violations(with_backend(spec, backend)) + violations
     return violations

@@ -27,6 +27,7 @@ MANAGED_SGLANG_FLAGS = {
     "trust-remote-code": "spec.model.trustRemoteCode",
     "api-key": "the job's API key (a Secret the operator generates for each RLJob)",
     "admin-api-key": "the job's API key (a Secret the operator generates for each RLJob)",
+    "enable-return-routed-experts": "spec.training.routingReplay",
 }
 # The same for the router: it requires the job's key from its callers and passes it to the engines.
 MANAGED_ROUTER_FLAGS = {

@@ -71,8 +71,8 @@ class TrainingSpec(SpecModel):
         default="auto",
         json_schema_extra=immutable_field("training.backend"),
         description="Trainer backend. torch: PyTorch DDP replicas (spec.parallelism sizes must be 1). megatron: "
-        "Megatron-core with spec.parallelism's tensor/pipeline/sequence parallelism, selective recompute and "
-        "model.megatronArgs. auto (default): megatron when any of those is set or the model's config.json is a "
+        "Megatron-core with spec.parallelism's tensor/pipeline/sequence parallelism, selective recompute, "
+        "model.megatronArgs and training.routingReplay. auto (default): megatron when any of those is set or the model's config.json is a "
         "mixture of experts (where it can be read: `rlkube run`, and `rlkube validate` for a local directory), torch "
         "otherwise; `rlkube run` prints which it chose. Fixed after creation.",
     )
@@ -120,6 +120,16 @@ class TrainingSpec(SpecModel):
         description="Weight syncs move the model in buckets of at most this many MiB of tensors (in the rollout "
         "dtype): one request per bucket, each staging at most this much memory. Over http a bucket is a request "
         "body (base64: 4/3 of it) and large tensors are split into blocks of rows. Default 128, >= 1.",
+    )
+    routing_replay: bool = Field(
+        default=False,
+        description="Rollout routing replay for a mixture of experts (slime's --use-rollout-routing-replay, R3): "
+        "the engines return the experts every token was routed to (SGLang's --enable-return-routed-experts) and "
+        "the trainer's routers take those experts in the actor's forward passes (old log-probs and training; the "
+        "reference model routes for itself), so the policy gradient is taken through the experts that produced "
+        "the tokens rather than the ones the trainer's slightly different numerics would pick. Each sample then "
+        "carries 4 bytes x layers x top-k per token from the engine to the trainer. Needs a mixture-of-experts "
+        "model, the megatron backend (auto chooses it) and parallelism.pipeline 1. Default false.",
     )
     optimizer: OptimizerSpec = section(OptimizerSpec, "Optimizer and learning-rate schedule. Default: Adam, lr 1e-6, constant.")
     seed: int = Field(default=1234, description="Seed of model initialisation, dropout and sampling on the trainer. Default 1234.")

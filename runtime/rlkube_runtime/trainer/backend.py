@@ -139,6 +139,8 @@ class TrainerBackend(abc.ABC):
     checkpoint_format: ClassVar[str | None] = None
     # Whether `gather_for_push` does anything (the model is sharded over the ranks).
     gathers_for_push: ClassVar[bool] = False
+    # Under routing replay, the (layers, top_k) of the routes a TrainBatch must carry; else None.
+    replayed_routes: tuple[int, int] | None = None
     device: torch.device
 
     @abc.abstractmethod

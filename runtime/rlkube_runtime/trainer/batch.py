@@ -34,6 +34,8 @@ class TrainBatch:
     old_log_probs:     [R_i] the actor's log-probs before this rollout's updates; filled from
                        `TrainerBackend.log_probs(batch, model="actor")`.
     ref_log_probs:     [R_i] the reference model's log-probs (KL loss); filled likewise.
+    routed_experts:    [L_i - 1, layers, top_k] int64: the experts the engine routed every token
+                       but the last to (rollout routing replay, a mixture of experts), or None.
     """
 
     tokens: list[torch.Tensor]
@@ -43,10 +45,11 @@ class TrainBatch:
     rollout_log_probs: list[torch.Tensor] | None = None
     old_log_probs: list[torch.Tensor] | None = None
     ref_log_probs: list[torch.Tensor] | None = None
+    routed_experts: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        for name in ("response_lengths", "loss_masks", "advantages", *OPTIONAL_TOKEN_FIELDS):
+        for name in ("response_lengths", "loss_masks", "advantages", *OPTIONAL_TOKEN_FIELDS, "routed_experts"):
             column = getattr(self, name)
             if column is not None and len(column) != n:
                 raise ValueError(f"TrainBatch.{name} has {len(column)} entries, tokens has {n}")
@@ -68,6 +71,12 @@ class TrainBatch:
                         f"TrainBatch.{name}[{i}] has shape {tuple(column[i].shape)}, expected ({r},) "
                         "= one value per response token"
                     )
+            routes = self.routed_experts[i] if self.routed_experts is not None else None
+            if routes is not None and (routes.dim() != 3 or routes.shape[0] != tok.numel() - 1):
+                raise ValueError(
+                    f"TrainBatch.routed_experts[{i}] has shape {tuple(routes.shape)}, expected ({tok.numel() - 1}, "
+                    "layers, top_k) = the experts of every token but the last"
+                )
 
     @classmethod
     def from_lists(

@@ -217,6 +217,8 @@ class TrainerConfig:
     temperature: float = spec_default(RolloutSpec, "temperature")
     seed: int = spec_default(TrainingSpec, "seed")
     recompute: str = spec_default(ParallelismSpec, "recompute")
+    # Replay the engine's expert routing in the actor's forward passes (spec.training.routingReplay).
+    routing_replay: bool = spec_default(TrainingSpec, "routing_replay")
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -235,6 +237,7 @@ class TrainerConfig:
             temperature=spec.rollout.temperature,
             seed=spec.training.seed,
             recompute=spec.parallelism.recompute,
+            routing_replay=spec.training.routing_replay,
         )
 
 

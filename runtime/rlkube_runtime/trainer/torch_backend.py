@@ -40,7 +40,7 @@ from .config import TrainerConfig
 from .optim import make_adamw_and_schedule, step_if_finite, to_cpu
 from ..expert_names import per_expert_views
 from ..memory import PinnedOffload, unique_named_tensors
-from ..spec.backend_rules import TORCH_SELECTIVE_RECOMPUTE_MESSAGE
+from ..spec.backend_rules import TORCH_ROUTING_REPLAY_MESSAGE, TORCH_SELECTIVE_RECOMPUTE_MESSAGE
 from .packing import pad_rows, partition_for_ranks
 from .rng import capture_rng_state, restore_rng_state
 
@@ -71,6 +71,8 @@ class TorchBackend(TrainerBackend):
     def __init__(self, config: TrainerConfig, *, device: torch.device | str | None = None) -> None:
         if config.recompute == "selective":
             raise ValueError(f"spec.parallelism.recompute: {TORCH_SELECTIVE_RECOMPUTE_MESSAGE}")
+        if config.routing_replay:
+            raise ValueError(f"spec.training.routingReplay: {TORCH_ROUTING_REPLAY_MESSAGE}")
         self.config = config
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0

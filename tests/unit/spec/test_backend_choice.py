@@ -89,6 +89,16 @@ def test_load_balancing_losses_are_refused_on_a_dense_model_and_accepted_on_a_mi
          f"{QWEN3_SMALL['model_type']!r}) has no experts; remove it") for key in ("moe-aux-loss-coeff", "moe_z_loss_coeff")]
 
 
+def test_routing_replay_makes_auto_choose_megatron_and_needs_a_mixture_of_experts(good_doc):
+    moe = {**QWEN3_SMALL, "model_type": "qwen3_moe", "num_experts": 8}
+    spec = _spec(good_doc, training={"routingReplay": True})
+    assert chosen_backend(spec) == ("megatron", "spec.training.routingReplay is on")
+    assert backend_violations(spec) == [] and model_fit_violations(spec, moe) == []
+    assert model_fit_violations(spec, QWEN3_SMALL) == [
+        ("training.routingReplay", "replays a mixture of experts' routing, and the model (config.json model_type "
+         f"{QWEN3_SMALL['model_type']!r}) has no experts; leave it false")]
+
+
 def test_megatron_arg_keys_are_checked_against_megatron_cores_fields():
     assert megatron_arg_problem("attention-softmax-in-fp32", True) is None
     assert megatron_arg_problem("--hidden-dropout", 0.0) is None  # dashes and underscores both name the field

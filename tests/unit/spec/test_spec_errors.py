@@ -277,6 +277,18 @@ BROKEN = [
         "expert(2) > 1 splits the model over GPUs, which the torch backend cannot do",
     ),
     (
+        "torch-routing-replay",
+        {"spec.training.backend": "torch", "spec.training.routingReplay": True},
+        "spec.training.routingReplay",
+        "routingReplay has the trainer's routers take the engine's experts, which the torch backend",
+    ),
+    (
+        "pipelined-routing-replay",
+        {"spec.training.routingReplay": True, "spec.parallelism": {"pipeline": 2}},
+        "spec.training.routingReplay",
+        "routingReplay with parallelism.pipeline(2) > 1 is not built",
+    ),
+    (
         "no-context-parallelism",
         {"spec.parallelism": {"context": 2}},
         "spec.parallelism.context",

@@ -50,6 +50,7 @@ from .cpu import in_cpu_mode
 from .micro_batch import model_inputs
 from .model import HFArchitecture, ParallelSizes, build_gpt_model, hf_architecture, split_megatron_args, transformer_config
 from .parallel import all_gather_stages, init_parallel_state, seed_model_parallel
+from .routing_replay import RouteReplay, replay_targets
 from .weights import layer_offset, load_hf_into, named_weights, write_hf_directory
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,12 @@ class MegatronBackend(TrainerBackend):
         model_over = self._model_over
         hf_config = AutoConfig.from_pretrained(config.model.hf_checkpoint, trust_remote_code=config.model.trust_remote_code)
         self.arch: HFArchitecture = hf_architecture(hf_config)
-        self.tconfig = transformer_config(self.arch, self.sizes, dtype=self.dtype, cpu=self.cpu, overrides=model_over)
+        self.tconfig = transformer_config(self.arch, self.sizes, dtype=self.dtype, cpu=self.cpu, overrides=model_over,
+                                          routing_replay=config.routing_replay)
+        if config.routing_replay and self.sizes.pipeline > 1:
+            from ...spec.backend_rules import PIPELINE_ROUTING_REPLAY_MESSAGE
+
+            raise ValueError(f"spec.training.routingReplay: {PIPELINE_ROUTING_REPLAY_MESSAGE % self.sizes.pipeline}")
 
         init_parallel_state(self.sizes, cpu=self.cpu)
         self.rank = dist.get_rank()
@@ -154,6 +160,8 @@ class MegatronBackend(TrainerBackend):
 
         self._positions: tuple[torch.Tensor, torch.Tensor] | None = None  # see _only_response_positions
         self.model = self._build(config.model.hf_checkpoint)  # the GPTModel (this rank's shard)
+        self._route_replay = RouteReplay(self.model) if config.routing_replay else None
+        self.replayed_routes = (self.arch.num_layers, self.arch.moe_topk) if config.routing_replay else None
         self.ref_model = None
         if config.loss.needs_ref_model:
             self.ref_model = self._build(config.model.ref_load or config.model.hf_checkpoint)
@@ -183,7 +191,7 @@ class MegatronBackend(TrainerBackend):
         micro, _ = self._rank_micro_batches(batch)
         was_training = module.training
         module.eval()
-        outputs = self._run(module, micro, forward_only=True,
+        outputs = self._run(module, micro, forward_only=True, replay=model == "actor",
                             loss=partial(self._collect, with_entropy=with_entropy)) if micro else []
         module.train(was_training)
         results: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
@@ -226,7 +234,7 @@ class MegatronBackend(TrainerBackend):
             micro = [self._zero_weight_micro_batch(batch)]
         self.train_module.train()
         self._zero_grad()
-        outputs = self._run(self.train_module, micro, forward_only=False,
+        outputs = self._run(self.train_module, micro, forward_only=False, replay=True,
                             loss=partial(self._objective, counts=counts, num_micro=len(micro)))
         if self.cpu:
             optimizer.cpu_reduce_grads(self.model, sizes=self.sizes, arch=self.arch, dp_size=self.dp_size,
@@ -438,8 +446,10 @@ class MegatronBackend(TrainerBackend):
 
     # -- one schedule run -----------------------------------------------------------------
 
-    def _run(self, module: torch.nn.Module, micro: list[dict[str, Any]], *, forward_only: bool, loss) -> list[Any]:
+    def _run(self, module: torch.nn.Module, micro: list[dict[str, Any]], *, forward_only: bool, loss,
+             replay: bool = False) -> list[Any]:
         """Forward (and backward) every micro-batch; returns what `loss` reported for each.
+        `replay`: the actor runs, and under routing replay its routers take the engine's experts.
 
         Pipelined: megatron-core's 1F1B schedule. Otherwise the same steps in a plain loop (the
         schedule's no-pipelining variant allocates on CUDA, and this loop also runs on CPU):
@@ -452,7 +462,7 @@ class MegatronBackend(TrainerBackend):
             for k, mb in enumerate(micro):
                 sync = k == len(micro) - 1 or forward_only
                 tracked = _moe_loss_tracker_values() if mb["weight"] == 0 and self._moe_losses_on else None
-                with contextlib.nullcontext() if sync or self.cpu else module.no_sync():
+                with contextlib.nullcontext() if sync or self.cpu else module.no_sync(), self._replaying(mb, replay):
                     output = self._forward(module, mb)
                     value, report = loss(mb, output)
                     if not forward_only:
@@ -486,6 +496,26 @@ class MegatronBackend(TrainerBackend):
                 micro_batch_size=first.shape[0],
                 forward_only=forward_only,
             )
+
+    @contextlib.contextmanager
+    def _replaying(self, mb: dict[str, Any], replay: bool):
+        """Under routing replay (and `replay`), the actor's routers take `mb`'s engine experts
+        through its forward and backward."""
+        if self._route_replay is None or not replay:
+            yield
+            return
+        routes = mb["batch"].routed_experts
+        if routes is None:
+            raise ValueError("spec.training.routingReplay is on, and the rollout's samples carry no routed experts "
+                             "(the engines return them only when started with --enable-return-routed-experts)")
+        rows, length = mb["input_ids"].shape
+        self._route_replay.replay(replay_targets(
+            routes, rows, length, tp_rank=self.tp_rank, tp_size=self.tp_size,
+            sequence_parallel=self.sizes.sequence_parallel, device=self.device))
+        try:
+            yield
+        finally:
+            self._route_replay.stop()
 
     @property
     def _moe_losses_on(self) -> bool:

@@ -138,9 +138,11 @@ def transformer_config(
     cpu: bool,
     overrides: dict[str, Any] | None = None,
     training: bool = True,
+    routing_replay: bool = False,
 ):
     """The megatron-core TransformerConfig of `arch` under `sizes`, with `overrides` (from
-    `split_megatron_args`) applied last; `training` False for a model only loaded and saved."""
+    `split_megatron_args`) applied last; `training` False for a model only loaded and saved;
+    `routing_replay`: routers that can take given experts (routing_replay.py)."""
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -195,6 +197,11 @@ def transformer_config(
     overrides = dict(overrides or {})
     check_moe_losses(arch, sizes, overrides)
     fields.update(_moe_config(arch, cpu=cpu))
+    if routing_replay:
+        if not arch.num_experts:
+            raise ValueError(f"spec.training.routingReplay: replays a mixture of experts' routing, and the model "
+                             f"(config.json model_type {arch.model_type!r}) has no experts; leave it false")
+        fields["moe_enable_routing_replay"] = True
     fields.update(overrides)
     if fields.get("moe_aux_loss_coeff", 0) > 0 and "moe_router_load_balancing_type" not in overrides:
         fields["moe_router_load_balancing_type"] = "aux_loss"  # a coefficient alone asks for the usual loss

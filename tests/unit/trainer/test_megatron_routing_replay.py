@@ -1,0 +1,138 @@
+"""Rollout routing replay on the megatron backend (CPU, one rank): the actor's routers take the
+experts a batch carries, checked against transformers' Qwen3-MoE forced onto the same experts
+(an implementation that shares nothing with megatron-core's router), and training moves only the
+experts the routes name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from megatron_testutil import tiny_hf
+from trainer_testutil import random_batch
+
+from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from rlkube_runtime.trainer.megatron.backend import MegatronBackend
+from rlkube_runtime.trainer.megatron.routing_replay import replay_targets
+from rlkube_runtime.trainer.torch_backend import TorchBackend
+
+LENGTHS = [(9, 4), (14, 6), (5, 2), (20, 9), (7, 3), (12, 1)]
+EXPERTS, TOP_K = 8, 2
+
+
+def config(path, *, routing_replay=True, **loss) -> TrainerConfig:
+    return TrainerConfig(model=ModelConfig(hf_checkpoint=str(path)), optimizer=OptimizerConfig(lr=1e-3),
+                         batching=BatchingConfig(max_tokens_per_gpu=30), loss=LossConfig(**loss),
+                         routing_replay=routing_replay)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return tiny_hf("qwen3_moe", tmp_path_factory.mktemp("moe") / "m")
+
+
+def hf_forward(path, batch, forced=None):
+    """transformers' own model on each sample: (the routes its routers picked for every token but
+    the last, the log-probs of the response tokens). `forced`: per sample, the [L - 1, layers, k]
+    experts its routers must take instead (weighted by the softmax of their logits, as
+    norm_topk_prob does); the last token gets experts 0..k-1, as the replay pads it."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    gates = [layer.mlp.gate for layer in hf.model.layers]
+    routes, log_probs = [], []
+    for i, tokens in enumerate(batch.tokens):
+        picked = [None] * len(gates)
+        if forced is not None:
+            last = torch.arange(TOP_K).expand(1, len(gates), TOP_K)
+            given = torch.cat([forced[i], last])
+            for layer, gate in enumerate(gates):
+                def forward(hidden, gate=gate, layer=layer):
+                    logits = F.linear(hidden.reshape(-1, gate.hidden_dim), gate.weight)
+                    index = given[:, layer]
+                    return logits, torch.softmax(logits.gather(1, index), dim=-1), index
+                gate.forward = forward
+        hooks = [gate.register_forward_hook(lambda m, a, out, layer=layer: picked.__setitem__(layer, out[2]))
+                 for layer, gate in enumerate(gates)]
+        with torch.no_grad():
+            logits = hf(tokens[None]).logits[0]
+        for hook in hooks:
+            hook.remove()
+        routes.append(torch.stack(picked, dim=1)[:-1].long())
+        r = batch.response_lengths[i]
+        log_probs.append(torch.log_softmax(logits[:-1], -1).gather(1, tokens[1:, None])[:, 0][-r:])
+    return routes, log_probs
+
+
+def test_replay_targets_lay_each_layers_routes_out_position_major_and_split_along_the_sequence():
+    # Two samples of 3 and 2 tokens (routes for 2 and 1), one layer, top 2, in rows of length 4.
+    a = torch.tensor([[[5, 6]], [[7, 1]]])
+    b = torch.tensor([[[3, 4]]])
+    (whole,) = replay_targets([a, b], 2, 4)
+    pad = [0, 1]
+    # Position-major: (pos 0: a, b), (pos 1: a, pad), (pos 2: pad, pad), (pos 3: pad, pad).
+    assert whole.tolist() == [[5, 6], [3, 4], [7, 1], pad, pad, pad, pad, pad]
+    first, second = (replay_targets([a, b], 2, 4, tp_rank=r, tp_size=2, sequence_parallel=True)[0] for r in (0, 1))
+    assert first.tolist() == whole[:4].tolist() and second.tolist() == whole[4:].tolist()
+
+
+def test_replayed_routes_give_the_log_probs_of_the_hf_model_routed_the_same_way(moe):
+    batch = random_batch(LENGTHS, vocab=(8, 120))
+    natural, hf_natural = hf_forward(moe, batch)
+    plain = MegatronBackend(config(moe, routing_replay=False), device="cpu").log_probs(batch).log_probs
+    replaying = MegatronBackend(config(moe, use_kl_loss=True, kl_loss_coef=0.1), device="cpu")
+    # The routes the model picks itself: replaying them changes nothing.
+    own = replaying.log_probs(batch.with_fields(routed_experts=natural)).log_probs
+    for got, want, hf in zip(own, plain, hf_natural):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got, hf, rtol=0, atol=2e-5)
+    # Other experts: the HF model forced onto them gives the same log-probs, unlike its own routing.
+    shifted = [(r + 3) % EXPERTS for r in natural]
+    _, hf_shifted = hf_forward(moe, batch, forced=shifted)
+    replayed = batch.with_fields(routed_experts=shifted)
+    got = replaying.log_probs(replayed).log_probs
+    for g, want, own_routing in zip(got, hf_shifted, plain):
+        torch.testing.assert_close(g, want, rtol=0, atol=2e-5)
+    assert max(float((g - p).abs().max()) for g, p in zip(got, plain)) > 1e-3
+    # The reference model routes for itself.
+    for g, want in zip(replaying.log_probs(replayed, model="ref").log_probs, plain):
+        torch.testing.assert_close(g, want, rtol=0, atol=1e-5)
+    # Once a pass is over, no router is left replaying.
+    assert all(r.router_replay_action is None and r.target_topk_idx is None for r in replaying._route_replay.routers)
+
+
+def _expert_grads(backend, batch) -> list[list[float]]:
+    """Per layer, each local expert's gradient magnitude after one accumulate_gradients call."""
+    backend.accumulate_gradients(batch)
+    norms = []
+    for layer in backend.model.decoder.layers:
+        experts = layer.mlp.experts.local_experts
+        norms.append([0.0 if e.linear_fc1.weight.grad is None else float(e.linear_fc1.weight.grad.abs().sum())
+                      for e in experts])
+    return norms
+
+
+def test_a_step_under_replay_trains_exactly_the_experts_the_routes_name(moe):
+    batch = random_batch(LENGTHS, vocab=(8, 120))
+    plain = MegatronBackend(config(moe, routing_replay=False), device="cpu")
+    old = plain.log_probs(batch).log_probs
+    batch = batch.with_fields(old_log_probs=[lp + 0.1 for lp in old])
+    assert all(g > 0 for layer in _expert_grads(plain, batch) for g in layer)  # its own routing uses every expert
+    # Every token of every layer routed to experts 1 and 4 (the padding goes to 0 and 1).
+    only = [torch.tensor([1, 4]).expand(t.numel() - 1, 2, TOP_K).clone() for t in batch.tokens]
+    replaying = MegatronBackend(config(moe), device="cpu")
+    grads = _expert_grads(replaying, batch.with_fields(routed_experts=only))
+    for layer in grads:
+        assert layer[1] > 0 and layer[4] > 0
+        assert [g for e, g in enumerate(layer) if e not in (0, 1, 4)] == [0.0] * (EXPERTS - 3)
+
+
+def test_routing_replay_is_refused_by_name_where_it_cannot_run(moe, tmp_path):
+    dense = tiny_hf("qwen3", tmp_path / "dense")
+    with pytest.raises(ValueError, match=r"spec\.training\.routingReplay: .*no experts"):
+        MegatronBackend(config(dense), device="cpu")
+    with pytest.raises(ValueError, match=r"spec\.training\.routingReplay: .*torch backend"):
+        TorchBackend(config(moe), device="cpu")
+    batch = random_batch(LENGTHS[:2], vocab=(8, 120))
+    with pytest.raises(ValueError, match=r"routingReplay is on, and the rollout's samples carry no routed experts"):
+        MegatronBackend(config(moe), device="cpu").log_probs(batch)
