@@ -21,15 +21,12 @@ def encode_routes(routes: torch.Tensor) -> str:
     return base64.b64encode(routes.to(torch.int32).contiguous().numpy().tobytes()).decode("ascii")
 
 
-def decode_routes(encoded: str, *, num_layers: int, top_k: int, num_tokens: int, what: str) -> torch.Tensor:
-    """The int64 [num_tokens, num_layers, top_k] routes `encode_routes` (or SGLang) wrote, checked
-    against the sequence they describe; `what` names it in the error."""
+def decode_routes(encoded: str, *, num_layers: int, top_k: int, what: str) -> torch.Tensor:
+    """The int64 [tokens, num_layers, top_k] routes `encode_routes` (or SGLang) wrote; `what`
+    names their sequence in the error when they are not whole tokens of that shape."""
     flat = np.frombuffer(base64.b64decode(encoded), dtype=np.int32)
     per_token = num_layers * top_k
-    if flat.size != num_tokens * per_token:
-        raise ValueError(
-            f"{what}: the engine's routed experts hold {flat.size} expert ids, {flat.size / per_token:g} tokens of "
-            f"{num_layers} layers x top-{top_k}; routing replay needs one row per token but the last, {num_tokens} "
-            "(a generate function that adds tokens after the last generation, or an engine serving another model?)"
-        )
-    return torch.from_numpy(flat.astype(np.int64).reshape(num_tokens, num_layers, top_k))
+    if flat.size % per_token:
+        raise ValueError(f"{what}: the engine's routed experts hold {flat.size} expert ids, not whole tokens of "
+                         f"{num_layers} layers x top-{top_k} (an engine serving another model?)")
+    return torch.from_numpy(flat.astype(np.int64).reshape(-1, num_layers, top_k))

@@ -276,7 +276,12 @@ def to_train_batch(samples: list[Sample], *, routes: tuple[int, int] | None = No
 
 
 def sample_routes(sample: Sample, num_layers: int, top_k: int) -> torch.Tensor:
-    """The [tokens - 1, layers, top_k] experts the engine routed `sample`'s tokens to."""
+    """The [tokens - 1, layers, top_k] experts the engine routed `sample`'s tokens to. Tokens a
+    generate function added after its last generation (a tool's output that used up the budget)
+    have no routes; untrained, they change nothing trained, and get experts 0..k-1 as the padding
+    does (trainer/megatron/routing_replay.py)."""
+    import torch
+
     from rlkube_runtime.routed_experts import decode_routes
 
     what = f"sample index={sample.index} group_index={sample.group_index}"
@@ -284,8 +289,16 @@ def sample_routes(sample: Sample, num_layers: int, top_k: int) -> torch.Tensor:
         raise ValueError(f"{what}: spec.training.routingReplay is on and the sample has no routed experts (the "
                          "engines return them with --enable-return-routed-experts; a custom generate function must "
                          "send return_routed_experts and keep meta_info.routed_experts, as rollout.generate does)")
-    return decode_routes(sample.routed_experts, num_layers=num_layers, top_k=top_k, num_tokens=len(sample.tokens) - 1,
-                         what=what)
+    routes = decode_routes(sample.routed_experts, num_layers=num_layers, top_k=top_k, what=what)
+    needed, covered = len(sample.tokens) - 1, routes.shape[0]
+    mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
+    # Response token i sits at position prompt_length + i and is predicted from the one before it.
+    trained_up_to = max((sample.prompt_length + i for i, m in enumerate(mask) if m), default=0)
+    if covered > needed or covered < trained_up_to:
+        raise ValueError(f"{what}: the engine's routed experts cover {covered} tokens; routing replay needs every "
+                         f"token but the last ({needed}), or at least up to the last trained one ({trained_up_to})")
+    tail = torch.arange(top_k, dtype=torch.long).expand(needed - covered, num_layers, top_k)
+    return torch.cat([routes, tail]) if needed > covered else routes
 
 
 def logprob_abs_diff(trainer: list[torch.Tensor], engine: list[torch.Tensor], masks: list[torch.Tensor]) -> float:

@@ -46,8 +46,7 @@ async def test_every_token_but_the_last_is_reported_with_the_experts_the_model_r
         assert reply.status == 200, await reply.text()
         out = await reply.json()
         tokens = prompt + out["output_ids"]
-        routes = decode_routes(out["meta_info"]["routed_experts"], num_layers=LAYERS, top_k=TOP_K,
-                               num_tokens=len(tokens) - 1, what="reply")
+        routes = decode_routes(out["meta_info"]["routed_experts"], num_layers=LAYERS, top_k=TOP_K, what="reply")
         want = whole_sequence_routes(moe_dir, tokens)
         assert torch.equal(routes.sort(-1).values, want.sort(-1).values)
     plain = await client.post("/generate", json={"input_ids": prompts[0], "sampling_params": {"max_new_tokens": 2}})
@@ -65,8 +64,7 @@ async def test_a_retracted_request_reports_the_routes_of_its_whole_sequence(star
     assert (await client.post("/continue_generation", json={})).status == 200
     out = await (await task).json()
     tokens = body["input_ids"] + out["output_ids"]
-    routes = decode_routes(out["meta_info"]["routed_experts"], num_layers=LAYERS, top_k=TOP_K,
-                           num_tokens=len(tokens) - 1, what="reply")
+    routes = decode_routes(out["meta_info"]["routed_experts"], num_layers=LAYERS, top_k=TOP_K, what="reply")
     assert engine.scheduler.prefill_tokens > len(body["input_ids"]) + 1  # it was prefilled again
     assert torch.equal(routes.sort(-1).values, whole_sequence_routes(moe_dir, tokens).sort(-1).values)
 

@@ -11,6 +11,9 @@ import torch.nn.functional as F
 from megatron_testutil import tiny_hf
 from trainer_testutil import random_batch
 
+from rlkube_runtime.actors.trainer import sample_routes
+from rlkube_runtime.data.sample import Sample
+from rlkube_runtime.routed_experts import encode_routes
 from rlkube_runtime.trainer.config import BatchingConfig, LossConfig, ModelConfig, OptimizerConfig, TrainerConfig
 from rlkube_runtime.trainer.megatron.backend import MegatronBackend
 from rlkube_runtime.trainer.megatron.routing_replay import replay_targets
@@ -136,3 +139,21 @@ def test_routing_replay_is_refused_by_name_where_it_cannot_run(moe, tmp_path):
     batch = random_batch(LENGTHS[:2], vocab=(8, 120))
     with pytest.raises(ValueError, match=r"routingReplay is on, and the rollout's samples carry no routed experts"):
         MegatronBackend(config(moe), device="cpu").log_probs(batch)
+
+
+def test_a_samples_routes_cover_its_tokens_and_an_untrained_tail_the_engine_never_saw_is_padded():
+    # 3 prompt tokens and 4 response tokens: routes for the 6 tokens but the last, 2 layers, top 2.
+    routes = torch.arange(6 * 2 * 2).reshape(6, 2, 2) % EXPERTS
+    sample = Sample(index=7, group_index=1, tokens=list(range(7)), response_length=4, loss_mask=[1, 1, 0, 0],
+                    routed_experts=encode_routes(routes))
+    assert torch.equal(sample_routes(sample, 2, TOP_K), routes)
+    # A tool's output of 2 tokens appended after the last generation: untrained, routes for 4 tokens suffice.
+    sample.routed_experts = encode_routes(routes[:4])
+    padded = sample_routes(sample, 2, TOP_K)
+    assert torch.equal(padded[:4], routes[:4]) and padded[4:].tolist() == [[[0, 1], [0, 1]]] * 2
+    sample.loss_mask = [1, 1, 1, 0]  # the token at position 5 trains, and its position's routes are missing
+    with pytest.raises(ValueError, match=r"sample index=7 .*cover 4 tokens.*at least up to the last trained one \(5\)"):
+        sample_routes(sample, 2, TOP_K)
+    sample.routed_experts = None
+    with pytest.raises(ValueError, match="routingReplay is on and the sample has no routed experts"):
+        sample_routes(sample, 2, TOP_K)
