@@ -50,6 +50,7 @@ COLUMNS = (  # (metrics.jsonl key, column title, digits)
     ("rollout/response_len/mean", "response tokens", 0),
     ("train/moe_load_balancing_loss", "balance loss", 3),
     ("rollout/routed_experts_bytes", "routes bytes", 0),
+    ("train/routing_replay_mismatch", "route mismatch", 4),
     ("perf/rollout_time", "generate s", 2),
     ("perf/actor_train_time", "train s", 2),
     ("perf/update_weights_time", "sync s", 3),

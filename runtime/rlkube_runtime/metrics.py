@@ -75,6 +75,9 @@ PROMETHEUS_GAUGES: dict[str, PromSeries] = {
         "(megatronArgs moe-aux-loss-coeff; 1.0 is balanced)."),
     "train/moe_z_loss": PromSeries(
         "rlkube_moe_z_loss", "MoE router z-loss before its coefficient, mean over layers (megatronArgs moe-z-loss-coeff)."),
+    "train/routing_replay_mismatch": PromSeries(
+        "rlkube_routing_replay_mismatch", "Share of token-layer routes where the trainer's MoE routers would have "
+        "picked other experts than the engine did (training.routingReplay replays the engine's)."),
     "perf/rollout_time": PromSeries("rlkube_rollout_seconds", "Seconds spent generating the last rollout."),
     "perf/actor_train_time": PromSeries("rlkube_train_seconds", "Seconds spent training on the last rollout."),
     "perf/update_weights_time": PromSeries("rlkube_weight_sync_seconds", "Seconds of the last weight sync."),

@@ -148,6 +148,9 @@ def test_a_mixture_of_experts_split_over_two_expert_parallel_ranks_learns_with_e
     # The load-balancing loss is reported every step, near 1 (balanced) and at most the expert count.
     balance = [m["train/moe_load_balancing_loss"] for m in records]
     assert all(0.9 < b < 8 for b in balance), balance
+    # fp32 on both sides: the trainer's routers would pick the engine's experts all but everywhere.
+    mismatch = [m["train/routing_replay_mismatch"] for m in records]
+    assert all(0 <= x < 0.01 for x in mismatch), mismatch
     engine_lines = [line for log in (out / "logs").glob("engine-*.log") for line in log.read_text().splitlines()
                     if line.startswith("$ ")]
     assert engine_lines and all("--enable-return-routed-experts" in line for line in engine_lines), engine_lines

@@ -71,12 +71,14 @@ def test_replay_targets_lay_each_layers_routes_out_position_major_and_split_alon
     # Two samples of 3 and 2 tokens (routes for 2 and 1), one layer, top 2, in rows of length 4.
     a = torch.tensor([[[5, 6]], [[7, 1]]])
     b = torch.tensor([[[3, 4]]])
-    (whole,) = replay_targets([a, b], 2, 4)
+    (whole,), real = replay_targets([a, b], 2, 4)
     pad = [0, 1]
     # Position-major: (pos 0: a, b), (pos 1: a, pad), (pos 2: pad, pad), (pos 3: pad, pad).
     assert whole.tolist() == [[5, 6], [3, 4], [7, 1], pad, pad, pad, pad, pad]
-    first, second = (replay_targets([a, b], 2, 4, tp_rank=r, tp_size=2, sequence_parallel=True)[0] for r in (0, 1))
-    assert first.tolist() == whole[:4].tolist() and second.tolist() == whole[4:].tolist()
+    assert real.tolist() == [True, True, True, False, False, False, False, False]
+    halves = [replay_targets([a, b], 2, 4, tp_rank=r, tp_size=2, sequence_parallel=True) for r in (0, 1)]
+    assert halves[0][0][0].tolist() == whole[:4].tolist() and halves[1][0][0].tolist() == whole[4:].tolist()
+    assert halves[0][1].tolist() == real[:4].tolist() and halves[1][1].tolist() == real[4:].tolist()
 
 
 def test_replayed_routes_give_the_log_probs_of_the_hf_model_routed_the_same_way(moe):
@@ -104,15 +106,16 @@ def test_replayed_routes_give_the_log_probs_of_the_hf_model_routed_the_same_way(
     assert all(r.router_replay_action is None and r.target_topk_idx is None for r in replaying._route_replay.routers)
 
 
-def _expert_grads(backend, batch) -> list[list[float]]:
-    """Per layer, each local expert's gradient magnitude after one accumulate_gradients call."""
-    backend.accumulate_gradients(batch)
+def _expert_grads(backend, batch, *, with_metrics=False):
+    """Per layer, each local expert's gradient magnitude after one accumulate_gradients call
+    (and the call's metrics)."""
+    metrics = backend.accumulate_gradients(batch)
     norms = []
     for layer in backend.model.decoder.layers:
         experts = layer.mlp.experts.local_experts
         norms.append([0.0 if e.linear_fc1.weight.grad is None else float(e.linear_fc1.weight.grad.abs().sum())
                       for e in experts])
-    return norms
+    return (norms, metrics) if with_metrics else norms
 
 
 def test_a_step_under_replay_trains_exactly_the_experts_the_routes_name(moe):
@@ -124,10 +127,16 @@ def test_a_step_under_replay_trains_exactly_the_experts_the_routes_name(moe):
     # Every token of every layer routed to experts 1 and 4 (the padding goes to 0 and 1).
     only = [torch.tensor([1, 4]).expand(t.numel() - 1, 2, TOP_K).clone() for t in batch.tokens]
     replaying = MegatronBackend(config(moe), device="cpu")
-    grads = _expert_grads(replaying, batch.with_fields(routed_experts=only))
+    grads, metrics = _expert_grads(replaying, batch.with_fields(routed_experts=only), with_metrics=True)
     for layer in grads:
         assert layer[1] > 0 and layer[4] > 0
         assert [g for e, g in enumerate(layer) if e not in (0, 1, 4)] == [0.0] * (EXPERTS - 3)
+    # The trainer's own routers would have chosen otherwise wherever HF's routing is not {1, 4}.
+    natural, _ = hf_forward(moe, batch)
+    routes = torch.cat(natural).sort(-1).values
+    assert metrics["routing_replay_mismatch"] == pytest.approx(float((routes != torch.tensor([1, 4])).any(-1).float().mean()))
+    assert 0.5 < metrics["routing_replay_mismatch"] < 1
+    assert replaying.accumulate_gradients(batch.with_fields(routed_experts=natural))["routing_replay_mismatch"] == 0.0
 
 
 def test_routing_replay_is_refused_by_name_where_it_cannot_run(moe, tmp_path):

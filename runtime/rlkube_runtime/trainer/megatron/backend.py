@@ -244,7 +244,18 @@ class MegatronBackend(TrainerBackend):
             for key, value in out.items():
                 sums[key] = sums.get(key, 0.0) + value
         return {**summed_over_ranks(sums if self._reports else {}), **self._moe_loss_report(len(plan)),
-                "num_micro_batches": float(len(plan))}
+                **self._replay_report(), "num_micro_batches": float(len(plan))}
+
+    def _replay_report(self) -> dict[str, float]:
+        """Under routing replay, `routing_replay_mismatch`: the share of the step's real (token,
+        layer) routes where the trainer's routers would have picked other experts than the engine
+        did. Collective; tensor-parallel ranks count their own tokens only under sequence parallelism."""
+        if self._route_replay is None:
+            return {}
+        differ, routes = self._route_replay.counted()
+        mine = self.tp_rank == 0 or self.sizes.sequence_parallel
+        total = summed_over_ranks({"differ": differ, "routes": float(routes)} if mine else {})
+        return {"routing_replay_mismatch": total.get("differ", 0.0) / max(total.get("routes", 0.0), 1.0)}
 
     def _moe_loss_report(self, real_micro_batches: int) -> dict[str, float]:
         """Each MoE load-balancing loss this step trained with (unscaled by its coefficient, as
@@ -462,7 +473,8 @@ class MegatronBackend(TrainerBackend):
             for k, mb in enumerate(micro):
                 sync = k == len(micro) - 1 or forward_only
                 tracked = _moe_loss_tracker_values() if mb["weight"] == 0 and self._moe_losses_on else None
-                with contextlib.nullcontext() if sync or self.cpu else module.no_sync(), self._replaying(mb, replay):
+                with (contextlib.nullcontext() if sync or self.cpu else module.no_sync(),
+                      self._replaying(mb, replay, count=not forward_only)):
                     output = self._forward(module, mb)
                     value, report = loss(mb, output)
                     if not forward_only:
@@ -498,9 +510,9 @@ class MegatronBackend(TrainerBackend):
             )
 
     @contextlib.contextmanager
-    def _replaying(self, mb: dict[str, Any], replay: bool):
+    def _replaying(self, mb: dict[str, Any], replay: bool, *, count: bool = False):
         """Under routing replay (and `replay`), the actor's routers take `mb`'s engine experts
-        through its forward and backward."""
+        through its forward and backward; `count`: and count where their own would differ."""
         if self._route_replay is None or not replay:
             yield
             return
@@ -509,9 +521,10 @@ class MegatronBackend(TrainerBackend):
             raise ValueError("spec.training.routingReplay is on, and the rollout's samples carry no routed experts "
                              "(the engines return them only when started with --enable-return-routed-experts)")
         rows, length = mb["input_ids"].shape
-        self._route_replay.replay(replay_targets(
-            routes, rows, length, tp_rank=self.tp_rank, tp_size=self.tp_size,
-            sequence_parallel=self.sizes.sequence_parallel, device=self.device))
+        targets, real = replay_targets(routes, rows, length, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                                       sequence_parallel=self.sizes.sequence_parallel, device=self.device)
+        # A zero-weight micro-batch (expert ranks evened) repeats a sample: not counted.
+        self._route_replay.replay(targets, real if count and mb["weight"] else None)
         try:
             yield
         finally:
