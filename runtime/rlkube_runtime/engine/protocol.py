@@ -119,8 +119,8 @@ class GenerateItem:
     input_ids: tuple[int, ...] | None
     sampling: SamplingParams
     return_logprob: bool
-    sample_index: int
-    return_routed_experts: bool = False  # which of the n parallel samples of its prompt this is
+    sample_index: int  # which of the n parallel samples of its prompt this is
+    return_routed_experts: bool = False  # answer with meta_info.routed_experts (rollout routing replay)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -99,8 +99,11 @@ class Sequence:
         return {"text": self._text(tokenizer), "output_ids": list(self.output_ids), "meta_info": meta}
 
     def _routed_experts(self) -> str:
-        """Every fed token's routes (all but the newest token), as SGLang encodes them."""
-        routes = torch.cat(self.routes) if self.routes else torch.zeros((0, 0, 0), dtype=torch.int32)
+        """Every fed token's routes (all but the newest token), as SGLang encodes them; none for a
+        request aborted before it was ever prefilled."""
+        if not self.routes:
+            return encode_routes(torch.zeros(0, dtype=torch.int32))
+        routes = torch.cat(self.routes)
         if routes.shape[0] != self.num_tokens - 1:
             raise RuntimeError(f"rid {self.rid}: routes of {routes.shape[0]} tokens for {self.num_tokens - 1} fed")
         return encode_routes(routes)

@@ -78,3 +78,20 @@ async def test_routes_are_refused_by_name_where_the_engine_cannot_give_them(star
         Engine.load(EngineConfig(model_path=str(tiny_model_dir), return_routed_experts=True))
     with pytest.raises(ValueError, match="--enable-return-routed-experts .*runner 'hf' or 'auto'"):
         Engine.load(EngineConfig(model_path=str(moe_dir), return_routed_experts=True, runner="slot"))
+
+
+async def test_a_request_aborted_before_it_ran_answers_with_no_routes(start_engine, moe_dir):
+    client = await start_engine(model_path=str(moe_dir), return_routed_experts=True, max_running_requests=1)
+    body = {"input_ids": [3, 4, 5], "return_routed_experts": True, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
+    first = asyncio.ensure_future(client.post("/generate", json={**body, "rid": "first"}))
+    engine = engine_of(client)
+    while engine.scheduler.generated_tokens < 3:
+        await asyncio.sleep(0.001)
+    second = asyncio.ensure_future(client.post("/generate", json={**body, "rid": "second"}))
+    while engine.scheduler.load()["waiting"] < 1:  # queued behind the first, never admitted
+        await asyncio.sleep(0.001)
+    assert (await client.post("/abort_request", json={"abort_all": True})).status == 200
+    ran, queued = await (await first).json(), await (await second).json()
+    assert queued["output_ids"] == [] and queued["meta_info"]["routed_experts"] == ""
+    tokens = body["input_ids"] + ran["output_ids"]
+    assert decode_routes(ran["meta_info"]["routed_experts"], num_layers=LAYERS, top_k=TOP_K, what="reply").shape[0] == len(tokens) - 1
