@@ -67,12 +67,18 @@ def split_violations(tensor: int, pipeline: int, config: Mapping[str, Any], *, e
     return violations
 
 
-def moe_loss_violations(megatron_args: Mapping[str, Any] | None, config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The megatronArgs MoE losses a dense model of this config.json cannot have."""
+def moe_only_violations(megatron_args: Mapping[str, Any] | None, config: Mapping[str, Any], *,
+                        routing_replay: bool = False) -> list[tuple[str, str]]:
+    """What only a mixture of experts can have, asked of a dense model of this config.json:
+    megatronArgs MoE losses, and routing replay (training.routingReplay)."""
     if expert_count_key(config):
         return []
-    return [(f"model.megatronArgs.{key}", f"a mixture-of-experts loss, and the model (config.json model_type "
-             f"{config.get('model_type')!r}) has no experts; remove it") for key in moe_loss_keys(megatron_args)]
+    dense = f"the model (config.json model_type {config.get('model_type')!r}) has no experts"
+    violations = [(f"model.megatronArgs.{key}", f"a mixture-of-experts loss, and {dense}; remove it")
+                  for key in moe_loss_keys(megatron_args)]
+    if routing_replay:
+        violations.append(("training.routingReplay", f"replays a mixture of experts' routing, and {dense}; leave it false"))
+    return violations
 
 
 def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -91,10 +97,7 @@ def model_fit_violations(spec: Any, config: Mapping[str, Any]) -> list[tuple[str
     par = spec.parallelism
     violations = split_violations(par.tensor, par.pipeline, config, expert=par.expert, expert_tensor=par.expert_tensor,
                                   sequence_parallel=par.sequence_parallel)
-    violations += moe_loss_violations(spec.model.megatron_args, config)
-    if spec.training.routing_replay and not moe:
-        violations.append(("training.routingReplay", f"replays a mixture of experts' routing, and the model (config.json "
-                           f"model_type {model_type!r}) has no experts; leave it false"))
+    violations += moe_only_violations(spec.model.megatron_args, config, routing_replay=spec.training.routing_replay)
     if chosen_backend(spec)[0] != backend:  # `auto` chose megatron for this model: megatron's rules apply
         violations = backend_violations(with_backend(spec, backend)) + violations
     return violations

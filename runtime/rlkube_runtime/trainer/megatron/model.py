@@ -18,7 +18,7 @@ import torch
 
 from rlkube_runtime.spec.megatron_args import (megatron_arg_name, megatron_arg_problem, megatron_arg_target,
                                                megatron_args_violations)
-from rlkube_runtime.spec.model_fit import MEGATRON_MODEL_TYPES, moe_loss_violations, split_violations
+from rlkube_runtime.spec.model_fit import MEGATRON_MODEL_TYPES, moe_only_violations, split_violations
 
 # Mixture-of-experts families the model builder and converter know (beside the dense ones).
 MOE_MODEL_TYPES = ("qwen3_moe",)
@@ -195,12 +195,9 @@ def transformer_config(
         **recompute,
     )
     overrides = dict(overrides or {})
-    check_moe_losses(arch, sizes, overrides)
+    check_moe_settings(arch, sizes, overrides, routing_replay=routing_replay)
     fields.update(_moe_config(arch, cpu=cpu))
     if routing_replay:
-        if not arch.num_experts:
-            raise ValueError(f"spec.training.routingReplay: replays a mixture of experts' routing, and the model "
-                             f"(config.json model_type {arch.model_type!r}) has no experts; leave it false")
         fields["moe_enable_routing_replay"] = True
     fields.update(overrides)
     if fields.get("moe_aux_loss_coeff", 0) > 0 and "moe_router_load_balancing_type" not in overrides:
@@ -208,10 +205,11 @@ def transformer_config(
     return TransformerConfig(**fields)
 
 
-def check_moe_losses(arch: HFArchitecture, sizes: ParallelSizes, overrides: dict[str, Any]) -> None:
-    """Refuse load-balancing losses on a dense model, or where the spec's rules refuse them (the
-    spec's own checks, for callers that hold an architecture)."""
-    for field, message in (moe_loss_violations(overrides, _fit_config(arch))
+def check_moe_settings(arch: HFArchitecture, sizes: ParallelSizes, overrides: dict[str, Any], *,
+                       routing_replay: bool = False) -> None:
+    """Refuse load-balancing losses or routing replay on a dense model, and losses where the spec's
+    rules refuse them (the spec's own checks, for callers that hold an architecture)."""
+    for field, message in (moe_only_violations(overrides, _fit_config(arch), routing_replay=routing_replay)
                            + megatron_args_violations(overrides, pipeline=sizes.pipeline, expert=sizes.expert)):
         raise ValueError(f"spec.{field}: {message}")
 
