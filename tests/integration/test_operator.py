@@ -283,9 +283,17 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
          "routingReplay has the trainer's routers take the engine's experts, which the torch backend"),
         ("pipelined-replay", {"training": {"routingReplay": True}, "parallelism": {"pipeline": 2}},
          "spec.training.routingReplay", "routingReplay with parallelism.pipeline(2) > 1 is not built"),
+        ("lora-megatron", {"training": {"backend": "megatron", "lora": {"rank": 8}}}, "spec.training.lora",
+         "lora is trained by the torch backend (peft); megatron-core has no LoRA layers"),
+        ("lora-transport", {"training": {"lora": {"rank": 8}, "updateWeightsTransport": "tensor"}},
+         "spec.training.updateWeightsTransport", "with lora the weight sync sends the adapter as a directory"),
+        ("lora-fp8", {"training": {"lora": {"rank": 8}}, "model": {"rolloutDtype": "fp8"},
+                      "algorithm": {"tis": {"enabled": True}}}, "spec.training.lora",
+         "lora with model.rolloutDtype fp8 is not built"),
     ],
     ids=["torch-tensor-parallel", "megatron-replica-too-big", "expert-parallel-too-big", "torch-expert-tensor", "fp8-rollouts-into-sglang", "async-buffer-2-in-sync-mode", "ppo",
-         "off-policy-mask-without-partial-rollout", "torch-routing-replay", "pipelined-routing-replay"],
+         "off-policy-mask-without-partial-rollout", "torch-routing-replay", "pipelined-routing-replay", "lora-on-megatron",
+         "lora-over-the-tensor-transport", "lora-with-fp8-rollouts"],
 )
 def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_path, name, spec, field, message):
     """The CRD's CEL rules for spec/backend_rules.py and the unimplemented fields, in the real API
@@ -308,9 +316,10 @@ def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_p
         {"parallelism": {"expert": 2}},
         {"parallelism": {"tensor": 2, "expert": 2, "expertTensor": 1, "sequenceParallel": True}},
         {"training": {"numRollout": 3, "routingReplay": True}, "parallelism": {"expert": 2}},
+        {"training": {"numRollout": 3, "lora": {"rank": 16, "alpha": 32, "targetModules": ["q_proj", "lm_head"]}}},
     ],
     ids=["chat-template-kwargs", "ref-update-interval", "hf-export-interval", "async-buffer-4", "off-policy-mask",
-         "expert-parallel-2", "whole-experts-beside-tensor-2", "routing-replay"],
+         "expert-parallel-2", "whole-experts-beside-tensor-2", "routing-replay", "lora"],
 )
 def test_the_api_server_accepts_the_switches_the_runtime_honours(crd_installed, ns, spec):
     """Their CEL rules compile in the real API server and pass a spec that uses them (a rule the

@@ -223,3 +223,46 @@ def test_an_fp8_rollout_syncs_block_quantized_weights_into_the_engine_and_still_
     diffs = [m["train/train_rollout_logprob_abs_diff"] for m in records]
     print("fp8 logprob abs diff per rollout:", [round(d, 5) for d in diffs[:5]], "...", rewards[-5:])
     assert min(diffs) > 0 and sum(diffs) / len(diffs) > 1e-4, diffs
+
+
+def test_a_lora_job_syncs_only_its_adapter_and_still_learns(tmp_path):
+    """spec.training.lora (manifests/examples/local-tiny-lora.yaml): the engine starts with
+    --enable-lora, every sync writes the peft adapter and loads it (/load_lora_adapter), the engine
+    then scores exactly as the trainer does, the reward climbs, the checkpoints hold the adapter
+    alone and the export is the merged model with the adapter beside it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlkube_runtime.lora import adapter_bytes
+
+    example = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "local-tiny-lora.yaml"
+    job = tmp_path / "lora.yaml"
+    job.write_text(example.read_text())
+    out = tmp_path / "out"
+    returncode, output = _run(job, out)
+    assert returncode == 0, output[-5000:]
+    assert "Traceback" not in output
+
+    records = [m for m in _metrics(out) if m["rollout"] >= 0]
+    rewards = [m["rollout/raw_reward"] for m in records]
+    print("lora rewards:", [round(r, 2) for r in rewards])
+    assert len(rewards) == 40 and sum(rewards[:3]) / 3 < 0.3 and sum(rewards[-5:]) / 5 > 0.6, rewards
+    # The adapter the engine serves is the trainer's: the same log-probs (float32 on both sides).
+    assert max(m["train/train_rollout_logprob_abs_diff"] for m in records) < 1e-4
+    engine_logs = [p.read_text() for p in (out / "logs").glob("engine-*.log")]
+    assert engine_logs and all("--enable-lora --max-lora-rank 16" in log.splitlines()[0] for log in engine_logs)
+    # Each sync moves the adapter's files (the newest alone is kept), well under the model's bytes.
+    kept = sorted((out / "weights").glob("lora-v*"))
+    assert [p.name for p in kept] == ["lora-v40"]
+    synced = {m["perf/update_weights_bytes"] for m in records if "perf/update_weights_bytes" in m}
+    assert synced == {float(adapter_bytes(kept[0]))}, synced
+    model_bytes = sum(t.numel() * 4 for t in AutoModelForCausalLM.from_pretrained(out / "tiny-model").state_dict().values())
+    assert adapter_bytes(kept[0]) < 0.5 * model_bytes
+    # Checkpoints keep the adapter only; the export is the merged model, the adapter beside it.
+    state = torch.load(out / "checkpoints" / "rollout_00000039" / "trainer_state.pt", weights_only=True)
+    assert state["model"] and all(".lora_A." in k or ".lora_B." in k for k in state["model"])
+    assert (out / "hf" / "adapter" / "adapter_model.safetensors").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(out / "hf").state_dict()
+    base = AutoModelForCausalLM.from_pretrained(out / "tiny-model").state_dict()
+    assert not torch.equal(merged["lm_head.weight"], base["lm_head.weight"])
+    assert torch.equal(merged["model.norm.weight"], base["model.norm.weight"])  # not adapted: unchanged

@@ -36,6 +36,8 @@ def engine_actor_options(
         "quantization": rollout_quantization(spec.model.rollout_dtype),
         "gpu_ids": tuple(gpu_ids),  # empty: the GPUs Ray gives the actor
         "return_routed_experts": spec.training.routing_replay,
+        "lora_rank": spec.training.lora.rank if spec.training.lora else None,
+        "lora_target_modules": tuple(spec.training.lora.target_modules) if spec.training.lora else (),
     }
 
 
@@ -58,6 +60,8 @@ class EngineActor:
         gpu_ids: tuple[int, ...] = (),
         quantization: str | None = None,
         return_routed_experts: bool = False,
+        lora_rank: int | None = None,
+        lora_target_modules: tuple[str, ...] = (),
     ):
         self.engine = engine
         self.model_path = model_path
@@ -74,6 +78,7 @@ class EngineActor:
         self.quantization = quantization  # "fp8": the built-in engine serves block-fp8 weights
         self.gpu_ids = tuple(gpu_ids)  # colocated engines over several GPUs: all of them, by id
         self.return_routed_experts = return_routed_experts  # rollout routing replay
+        self.lora_rank, self.lora_target_modules = lora_rank, tuple(lora_target_modules)  # spec.training.lora
         self._process = None
         self._restarts = 0
 
@@ -106,6 +111,8 @@ class EngineActor:
             "engine_args": engine_args,
             "gpu_ids": self.gpu_ids or _ray_gpu_ids(),
             "return_routed_experts": self.return_routed_experts,
+            "lora_rank": self.lora_rank,
+            "lora_target_modules": self.lora_target_modules,
         }
 
     def start(self) -> str:

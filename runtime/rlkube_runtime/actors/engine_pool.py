@@ -175,6 +175,11 @@ class EnginePool:
         j (the rank sharing its GPU for `tensor`, rank 0 otherwise), and the transport."""
         self._pushers, self._sync_plan = list(pushers), plan
 
+    @property
+    def synced(self) -> bool:
+        """Whether the trainer's weights have reached the engines (under LoRA: they serve its adapter)."""
+        return self._synced_version is not None
+
     async def update_weights(self, version: str) -> SyncReport:
         """Pause and flush every engine, have the trainer push its weights, resume, and check that
         each engine reports `version` (`weight_sync.sync_engines`). An engine that fails on the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any
@@ -27,6 +28,7 @@ from rlkube_runtime.rollout.generate import (
     SamplingConfig,
     generate_rollout,
     generate_sample,
+    naming_adapter,
     restart_stale_partials,
 )
 from rlkube_runtime.spec import RLJobSpec
@@ -218,8 +220,12 @@ class RolloutManager:
     def _context(self, rollout_id: int, sampling: SamplingConfig, request_prefix: str = "r") -> GenerateContext:
         # Training requests under routing replay ask for routed experts, which the router drops.
         replay = self.spec.training.routing_replay and request_prefix == "r"
+        generate = self._client.generate_on_engines if replay else self._client.generate
+        if self.spec.training.lora is not None and self.engines.synced:
+            # Every request, a custom generate function's too, asks for the policy's adapter.
+            generate = functools.partial(naming_adapter, generate)
         return GenerateContext(
-            generate=self._client.generate_on_engines if replay else self._client.generate,
+            generate=generate,
             sampling=sampling,
             tokenizer=self.tokenizer,
             max_turns=self.spec.rollout.max_turns,

@@ -193,6 +193,7 @@ class TrainerWorker:
                 device=self.backend.device,
                 node_ip=node_ip(),
                 save_hf=self.save_hf,
+                save_adapter=self.backend.save_adapter,
                 engine_ranks=plan.engine_ranks,
                 quantization=plan.quantization,
             )

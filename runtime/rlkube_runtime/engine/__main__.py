@@ -58,6 +58,14 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         help="answer requests with return_routed_experts with every token's experts in each layer "
         "(meta_info.routed_experts, as SGLang's flag): mixture-of-experts models, for rollout routing replay",
     )
+    parser.add_argument(
+        "--enable-lora", action="store_true",
+        help="take LoRA adapters with /load_lora_adapter (peft directories, merged into the weights: one at a time) "
+        "and serve requests naming it in lora_path (as SGLang's flag)",
+    )
+    parser.add_argument("--max-lora-rank", type=int, default=None, help="refuse adapters of a higher rank (SGLang's flag)")
+    parser.add_argument("--lora-target-modules", nargs="+", default=None,
+                        help="refuse adapters on other layers (SGLang's flag; default: any)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
         "--trust-remote-code", action="store_true",
@@ -98,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         api_key=args.api_key or None,
         quantization=args.quantization,
         return_routed_experts=args.enable_return_routed_experts,
+        enable_lora=args.enable_lora,
+        max_lora_rank=args.max_lora_rank,
+        lora_target_modules=tuple(args.lora_target_modules) if args.lora_target_modules else None,
     )
 
 

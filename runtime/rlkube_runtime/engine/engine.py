@@ -61,6 +61,11 @@ class EngineConfig:
     # Report every token's routed experts to requests that ask (SGLang's --enable-return-routed-experts):
     # mixture-of-experts models on the generic runner, for rollout routing replay.
     return_routed_experts: bool = False
+    # LoRA adapters may be loaded (SGLang's --enable-lora), of rank at most max_lora_rank and on
+    # these layers only (None: any), as SGLang sizes its adapter memory pool from both.
+    enable_lora: bool = False
+    max_lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] | None = None
 
 
 class Engine:
@@ -83,6 +88,9 @@ class Engine:
         self.scheduler.weight_version = config.weight_version
         self._offload = weights.WeightOffload()
         self._groups: dict[str, Any] = {}  # /init_weights_update_group's process groups by name
+        # The LoRA adapter merged into the weights, and the base weights of the layers it changed.
+        self.lora_name: str | None = None
+        self._lora_base: dict[str, torch.Tensor] = {}
         self._started_at = time.time()
 
     @classmethod
@@ -116,7 +124,8 @@ class Engine:
     # ---- generation ------------------------------------------------------------------------
 
     async def generate(self, body: Any) -> dict[str, Any] | list[dict[str, Any]]:
-        request = protocol.parse_generate(body, vocab_size=self.vocab_size, routes_enabled=self.config.return_routed_experts)
+        request = protocol.parse_generate(body, vocab_size=self.vocab_size, routes_enabled=self.config.return_routed_experts,
+                                          served_adapter=self.lora_name)
         sequences = [self._sequence(item) for item in request.items]
         for seq in sequences:
             self.scheduler.submit(seq)
@@ -162,7 +171,7 @@ class Engine:
             return True
         steps_before = self.scheduler.steps
         body = {"input_ids": [0], "rid": f"HEALTH_CHECK_{time.time_ns()}",
-                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}, "lora_path": self.lora_name}
         probe = asyncio.ensure_future(self.generate(body))
         deadline = time.monotonic() + HEALTH_CHECK_TIMEOUT_S
         try:
@@ -263,8 +272,80 @@ class Engine:
             "num_paused_requests": 0,
         }
 
+    async def load_lora_adapter(self, body: Any) -> dict[str, Any]:
+        """Merge a peft adapter into the weights (W + scaling * B @ A), keeping the base of every
+        layer it changes so an unload or the next adapter starts from the base again."""
+        from rlkube_runtime import lora
+
+        request = protocol.parse_load_lora_adapter(body)
+        if not self.config.enable_lora:
+            raise ProtocolError("lora_name", "the engine was started without --enable-lora")
+        if self.lora_name is not None:
+            raise ProtocolError("lora_name", f"the adapter {self.lora_name!r} is loaded and the weights serve one at a "
+                                "time; call /unload_lora_adapter first")
+        try:
+            config, tensors = await asyncio.to_thread(lora.read_adapter, request.lora_path)
+        except (OSError, ValueError) as err:
+            raise ProtocolError("lora_path", str(err)) from err
+        self._check_adapter_fits(config)
+
+        def merge() -> int:
+            self._check_weights_resident("lora_path")
+            params = dict(self.model.named_parameters())
+            try:
+                merged = lora.merged_weights(params, tensors, lora.scaling_of(config))
+            except ValueError as err:
+                raise ProtocolError("lora_path", str(err)) from err
+            with torch.no_grad():
+                for name, weight in merged.items():
+                    self._lora_base[name] = params[name].detach().clone()
+                    params[name].copy_(weight)
+            self.lora_name = request.lora_name
+            return len(merged)
+
+        count = await self._run(merge)
+        return {"success": True, "error_message": None, "loaded_adapters": {request.lora_name: request.lora_path},
+                "message": f"Merged {count} layers of {request.lora_path}."}
+
+    async def unload_lora_adapter(self, body: Any) -> dict[str, Any]:
+        name = protocol.parse_unload_lora_adapter(body)
+        if name != self.lora_name:
+            raise ProtocolError("lora_name", f"no LoRA adapter {name!r} is loaded")
+
+        def restore() -> None:
+            self._check_weights_resident("lora_name")
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for layer, base in self._lora_base.items():
+                    params[layer].copy_(base)
+            self._lora_base, self.lora_name = {}, None
+
+        await self._run(restore)
+        return {"success": True, "error_message": None, "loaded_adapters": {}}
+
+    async def update_weight_version(self, body: Any) -> dict[str, Any]:
+        version = protocol.parse_update_weight_version(body)
+
+        def set_version() -> None:
+            self.scheduler.weight_version = version
+
+        await self._run(set_version)
+        return {"success": True, "message": f"Weight version {version}."}
+
+    def _check_adapter_fits(self, config: dict[str, Any]) -> None:
+        rank, limit = int(config.get("r", 0)), self.config.max_lora_rank
+        if limit is not None and rank > limit:
+            raise ProtocolError("lora_path", f"the adapter's rank {rank} is above --max-lora-rank {limit}")
+        targets, allowed = config.get("target_modules") or [], self.config.lora_target_modules
+        if allowed is not None and not set(targets) <= set(allowed):
+            raise ProtocolError("lora_path", f"the adapter adapts {sorted(set(targets) - set(allowed))}, which are not "
+                                f"among --lora-target-modules {list(allowed)}")
+
     def _apply(self, tensors: dict[str, torch.Tensor], field: str, version: str | None, row_offsets=None) -> int:
         self._check_weights_resident(field)
+        if self.lora_name is not None:
+            raise ProtocolError(field, f"the LoRA adapter {self.lora_name!r} is merged into the weights; "
+                                "call /unload_lora_adapter before replacing them")
         count = weights.copy_into_model(self.model, tensors, field=field, row_offsets=row_offsets)
         if version is not None:
             self.scheduler.weight_version = version

@@ -28,7 +28,6 @@ _NEUTRAL_GENERATE_FIELDS = {
     "token_ids_logprob": None,
     "return_text_in_logprobs": False,
     "stream": False,
-    "lora_path": None,
     "session_params": None,
     "custom_logit_processor": None,
     "return_hidden_states": False,
@@ -131,8 +130,13 @@ class GenerateRequest:
     is_single: bool
 
 
-def parse_generate(body: Any, *, vocab_size: int, routes_enabled: bool = False) -> GenerateRequest:
+def parse_generate(body: Any, *, vocab_size: int, routes_enabled: bool = False,
+                   served_adapter: str | None = None) -> GenerateRequest:
     """Validate a /generate body the way SGLang's GenerateReqInput normalises it.
+
+    `lora_path` (one name, or one per prompt) must name `served_adapter`, the LoRA adapter the
+    engine has merged into its weights, and is None only while it serves none: the weights serve
+    one model at a time, so a request for another (the base included) is refused by name.
 
     `return_routed_experts` needs `routes_enabled` (the server's --enable-return-routed-experts):
     SGLang would answer without routes; here the request is refused, naming the flag.
@@ -145,7 +149,7 @@ def parse_generate(body: Any, *, vocab_size: int, routes_enabled: bool = False) 
     if (text is None) == (input_ids is None):
         raise ProtocolError("text", "give exactly one of 'text' (a string or list of strings) or 'input_ids'")
     _check_neutral_fields(body, _NEUTRAL_GENERATE_FIELDS, known={"text", "input_ids", "sampling_params", "rid", "return_logprob",
-                                                                        "return_routed_experts"})
+                                                                        "return_routed_experts", "lora_path"})
 
     if text is not None:
         prompts, is_batch = _parse_texts(text)
@@ -163,6 +167,11 @@ def parse_generate(body: Any, *, vocab_size: int, routes_enabled: bool = False) 
     routes = _per_prompt(body.get("return_routed_experts"), batch_size, is_batch, "return_routed_experts", _parse_bool)
     if any(routes) and not routes_enabled:
         raise ProtocolError("return_routed_experts", "the engine was started without --enable-return-routed-experts")
+    for adapter in _per_prompt(body.get("lora_path"), batch_size, is_batch, "lora_path", _parse_optional_name):
+        if adapter != served_adapter:
+            raise ProtocolError("lora_path", f"asks for {adapter!r}, but this engine serves "
+                                + (f"the LoRA adapter {served_adapter!r} merged into its weights; name it"
+                                   if served_adapter else "no LoRA adapter (load one with /load_lora_adapter)"))
 
     items = []
     for i, prompt in enumerate(prompts):
@@ -452,6 +461,50 @@ def _parse_bool(value: Any, field: str) -> bool:
         return False
     if not isinstance(value, bool):
         raise ProtocolError(field, f"must be true or false, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadLoraAdapter:
+    """A /load_lora_adapter body (SGLang's LoadLoRAAdapterReqInput): a peft directory the engine reads."""
+
+    lora_name: str
+    lora_path: str
+
+
+def parse_load_lora_adapter(body: Any) -> LoadLoraAdapter:
+    body = _require_object(body, "body")
+    _check_neutral_fields(body, {"pinned": False, "lora_id": None}, known={"lora_name", "lora_path"})
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError("lora_name", f"must be a non-empty string, got {name!r}")
+    if not isinstance(path, str) or not path:
+        raise ProtocolError("lora_path", f"must be a directory path string, got {path!r}")
+    return LoadLoraAdapter(name, path)
+
+
+def parse_unload_lora_adapter(body: Any) -> str:
+    body = _require_object(body, "body")
+    _check_neutral_fields(body, {"lora_id": None}, known={"lora_name"})
+    name = body.get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError("lora_name", f"must be a non-empty string, got {name!r}")
+    return name
+
+
+def parse_update_weight_version(body: Any) -> str:
+    """A /update_weight_version body (SGLang's UpdateWeightVersionReqInput); aborting is not built."""
+    body = _require_object(body, "body")
+    _check_neutral_fields(body, {"abort_all_requests": False}, known={"new_version"})
+    version = _parse_optional_version(body.get("new_version"))
+    if version is None:
+        raise ProtocolError("new_version", "is required")
+    return version
+
+
+def _parse_optional_name(value: Any, field: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ProtocolError(field, f"must be an adapter name (a non-empty string) or null, got {value!r}")
     return value
 
 

@@ -132,6 +132,21 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     return web.json_response(await _engine(request).update_weights_from_disk(await _body(request)))
 
 
+@routes.post("/load_lora_adapter")
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    return web.json_response(await _engine(request).load_lora_adapter(await _body(request)))
+
+
+@routes.post("/unload_lora_adapter")
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    return web.json_response(await _engine(request).unload_lora_adapter(await _body(request)))
+
+
+@routes.post("/update_weight_version")
+async def update_weight_version(request: web.Request) -> web.Response:
+    return web.json_response(await _engine(request).update_weight_version(await _body(request)))
+
+
 @routes.route("*", "/release_memory_occupation")
 async def release_memory_occupation(request: web.Request) -> web.Response:
     return web.json_response(await _engine(request).release_memory(await _body(request)))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from rlkube_runtime.data.sample import Sample, SampleStatus, syncs_behind
+from rlkube_runtime.lora import ADAPTER_NAME
 
 # POST /generate with a SGLang request body, returning the SGLang response body.
 GenerateCall = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -114,6 +115,12 @@ async def generate_sample(ctx: GenerateContext, sample: Sample) -> Sample:
     response = await ctx.generate(payload)
     append_response(sample, response, loss_mask_value=1)
     return sample
+
+
+async def naming_adapter(generate: GenerateCall, request: dict[str, Any]) -> Any:
+    """`generate(request)` asking for the job's LoRA adapter (spec.training.lora), which the engines
+    serve under one name once the first weight sync has loaded it."""
+    return await generate({**request, "lora_path": ADAPTER_NAME})
 
 
 def routes_request(ctx: GenerateContext) -> dict[str, Any]:

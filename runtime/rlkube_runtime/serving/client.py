@@ -306,6 +306,17 @@ class EngineAdmin:
         """Load an HF checkpoint directory the engine can read (same architecture)."""
         return await self._http.request("POST", "/update_weights_from_disk", {"model_path": model_path, "weight_version": version})
 
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, Any]:
+        """Serve the peft adapter directory `lora_path` (the engine reads it) to requests naming `lora_name`."""
+        return await self._http.request("POST", "/load_lora_adapter", {"lora_name": lora_name, "lora_path": lora_path})
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        return await self._http.request("POST", "/unload_lora_adapter", {"lora_name": lora_name})
+
+    async def update_weight_version(self, version: str) -> dict[str, Any]:
+        """Report `version` from now on (after an adapter load, which sets none)."""
+        return await self._http.request("POST", "/update_weight_version", {"new_version": version})
+
     async def get_weight_version(self) -> str:
         return str((await self._http.request("GET", "/get_weight_version"))["weight_version"])
 

@@ -36,6 +36,7 @@ from rlkube_runtime.serving.sglang_args import (
     SGLangServerConfig,
     cli_flags,
     flag_name,
+    lora_flags,
     sglang_server_args,
 )
 
@@ -79,6 +80,9 @@ class EngineLaunchSpec:
     api_key: str | None = None  # the job's API key, required of every caller (engine_launch_spec: RLKUBE_API_KEY)
     # Every token's routed experts in generate responses (spec.training.routingReplay).
     return_routed_experts: bool = False
+    # spec.training.lora: the engine takes adapters of this rank on these layers (None: no LoRA).
+    lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] = ()
 
 
 class ManagedProcess:
@@ -251,6 +255,7 @@ def builtin_engine_command(spec: EngineLaunchSpec, port: int) -> list[str]:
         extra["api-key"] = spec.api_key
     if spec.return_routed_experts:
         extra["enable-return-routed-experts"] = True
+    extra.update(lora_flags(spec.lora_rank, spec.lora_target_modules))
     if spec.dtype is not None:
         extra = {"dtype": spec.dtype, **{k: v for k, v in extra.items() if flag_name(k) != "dtype"}}
     return base + cli_flags(extra)
@@ -271,6 +276,8 @@ def sglang_config(spec: EngineLaunchSpec, port: int, nccl_port: int | None = Non
         node=spec.node,
         base_gpu_id=spec.base_gpu_id,
         return_routed_experts=spec.return_routed_experts,
+        lora_rank=spec.lora_rank,
+        lora_target_modules=spec.lora_target_modules,
         user_args=dict(spec.engine_args),
         api_key=spec.api_key,
     )
@@ -297,6 +304,8 @@ def start_engine(
     startup_timeout_s: float = 600.0,
     api_key: str | None = None,  # None: the job's (RLKUBE_API_KEY), if any
     return_routed_experts: bool = False,
+    lora_rank: int | None = None,
+    lora_target_modules: Sequence[str] = (),
 ) -> EngineProcess:
     """Start one engine and return once it is ready (`EngineProcess.wait_ready`).
 
@@ -394,6 +403,7 @@ def engine_launch_spec(options: Mapping[str, Any]) -> EngineLaunchSpec:
     values["engine_args"] = {**engine_args, **sglang_args}
     values["gpu_ids"] = tuple(options.get("gpu_ids") or ())
     values["env"] = dict(options.get("env") or {})
+    values["lora_target_modules"] = tuple(options.get("lora_target_modules") or ())
     values.setdefault("api_key", job_api_key())
     return EngineLaunchSpec(**values)
 

@@ -69,6 +69,8 @@ class SGLangServerConfig:
     user_args: Mapping[str, ArgValue] = dataclasses.field(default_factory=dict)  # rollout.sglangArgs
     api_key: str | None = None  # the job's API key (RLKUBE_API_KEY): required of every caller but health checks
     return_routed_experts: bool = False  # spec.training.routingReplay: generate responses carry every token's experts
+    lora_rank: int | None = None  # spec.training.lora.rank: adapters may be loaded (None: LoRA off)
+    lora_target_modules: tuple[str, ...] = ()  # spec.training.lora.targetModules
 
 
 def sglang_server_args(config: SGLangServerConfig) -> list[str]:
@@ -103,6 +105,7 @@ def derived_flags(config: SGLangServerConfig) -> dict[str, ArgValue]:
         "api-key": config.api_key,
         # Rollout routing replay: meta_info.routed_experts for requests with return_routed_experts.
         "enable-return-routed-experts": config.return_routed_experts,
+        **lora_flags(config.lora_rank, config.lora_target_modules),
     }
     if config.colocated:
         # Colocated engines hand their GPU memory to the trainer between rollouts
@@ -113,6 +116,14 @@ def derived_flags(config: SGLangServerConfig) -> dict[str, ArgValue]:
         flags["base-gpu-id"] = config.base_gpu_id
     flags.update(_node_flags(config.node))
     return flags
+
+
+def lora_flags(rank: int | None, target_modules: Sequence[str]) -> dict[str, ArgValue]:
+    """The flags that let an engine load spec.training.lora's adapter (SGLang's, which the
+    built-in engine takes too): SGLang sizes its adapter memory pool from the rank and layers."""
+    if rank is None:
+        return {}
+    return {"enable-lora": True, "max-lora-rank": rank, "lora-target-modules": list(target_modules)}
 
 
 def engine_nodes(gpus_per_engine: int, gpus_per_node: int, *, head_address: str, dist_port: int) -> list[EngineNode]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from .lora import LORA_MEGATRON_MESSAGE
 from .megatron_args import megatron_args_violations
 
 _P = "self.parallelism"
@@ -172,6 +173,11 @@ BACKEND_RULES: tuple[dict[str, str], ...] = (
         "fieldPath": ".training.routingReplay",
     },
     {
+        "rule": f"!has(self.training.lora) || !{_CHOOSES_MEGATRON}",
+        "message": LORA_MEGATRON_MESSAGE,
+        "fieldPath": ".training.lora",
+    },
+    {
         "rule": f"!{_CHOOSES_MEGATRON} || !has(self.model) || !has(self.model.dtype) || self.model.dtype != 'float16'",
         "message": FLOAT16_MESSAGE,
         "fieldPath": ".model.dtype",
@@ -201,6 +207,8 @@ def chosen_backend(spec: Any, model_config: Mapping[str, Any] | None = None) -> 
         return "megatron", "spec.model.megatronArgs is set"
     if spec.training.routing_replay:
         return "megatron", "spec.training.routingReplay is on"
+    if spec.training.lora is not None:
+        return "torch", "spec.training.lora is set (peft trains the adapter)"
     if model_config is not None:
         from .model_fit import expert_count_key
 
@@ -247,6 +255,8 @@ def backend_violations(spec: Any) -> list[tuple[str, str]]:
             violations.append(("training.routingReplay", TORCH_ROUTING_REPLAY_MESSAGE))
     if spec.training.routing_replay and par.pipeline != 1:
         violations.append(("training.routingReplay", PIPELINE_ROUTING_REPLAY_MESSAGE % par.pipeline))
+    if backend == "megatron" and spec.training.lora is not None:
+        violations.append(("training.lora", LORA_MEGATRON_MESSAGE))
     if backend == "megatron":
         gpus = trainer.nodes * trainer.gpus_per_node
         group = par.tensor * par.pipeline

@@ -16,6 +16,7 @@ from .checkpoint import CheckpointSpec
 from .data import DataSpec
 from .eval import EvalSpec
 from .fault_tolerance import FaultToleranceSpec
+from .lora import LORA_FP8_MESSAGE
 from .model import ModelSpec
 from .observability import ObservabilitySpec
 from .parallelism import ParallelismSpec
@@ -120,7 +121,12 @@ FP8_TIS_RULE = {
     "message": FP8_TIS_MESSAGE,
     "fieldPath": ".algorithm.tis.enabled",
 }
-FP8_RULES = (FP8_ENGINE_RULE, FP8_DISK_RULE, FP8_TIS_RULE)
+FP8_LORA_RULE = {
+    "rule": _FP8 + "!has(self.training.lora)",
+    "message": LORA_FP8_MESSAGE,
+    "fieldPath": ".training.lora",
+}
+FP8_RULES = (FP8_ENGINE_RULE, FP8_DISK_RULE, FP8_TIS_RULE, FP8_LORA_RULE)
 ASYNC_PLACEMENT_RULE = {
     "rule": "self.training.mode != 'async' || !has(self.resources) || self.resources.placement != 'colocated'",
     "message": _ASYNC_COLOCATED,
@@ -229,6 +235,8 @@ def fp8_violations(spec: "RLJobSpec") -> list[tuple[str, str]]:
         violations.append(("training.updateWeightsTransport", FP8_DISK_MESSAGE))
     if not spec.algorithm.tis.enabled:
         violations.append(("algorithm.tis.enabled", FP8_TIS_MESSAGE))
+    if spec.training.lora is not None:
+        violations.append(("training.lora", LORA_FP8_MESSAGE))
     return violations
 
 

@@ -28,6 +28,9 @@ MANAGED_SGLANG_FLAGS = {
     "api-key": "the job's API key (a Secret the operator generates for each RLJob)",
     "admin-api-key": "the job's API key (a Secret the operator generates for each RLJob)",
     "enable-return-routed-experts": "spec.training.routingReplay",
+    "enable-lora": "spec.training.lora",
+    "max-lora-rank": "spec.training.lora.rank",
+    "lora-target-modules": "spec.training.lora.targetModules",
 }
 # The same for the router: it requires the job's key from its callers and passes it to the engines.
 MANAGED_ROUTER_FLAGS = {

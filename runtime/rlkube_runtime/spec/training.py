@@ -7,6 +7,7 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 
 from .base import SpecModel, cel_rules, cross_field_error, immutable_field, section
+from .lora import LORA_REF_UPDATE_MESSAGE, LORA_TRANSPORT_MESSAGE, LoraSpec
 
 # Outside async mode nothing generates ahead of training: a deeper buffer would be ignored.
 ASYNC_BUFFER_MESSAGE = "asyncBufferSize(%d): only async mode (training.mode: async) generates ahead; set 1 or mode async"
@@ -49,6 +50,23 @@ class TrainingSpec(SpecModel):
             "rule": "!has(self.asyncBufferSize) || self.asyncBufferSize == 1 || (has(self.mode) && self.mode == 'async')",
             "messageExpression": f"'{ASYNC_BUFFER_MESSAGE}'.format([self.asyncBufferSize])",
             "fieldPath": ".asyncBufferSize",
+        },
+        {
+            "rule": "has(self.lora) == has(oldSelf.lora)",
+            "message": "spec.training.lora cannot be added or removed while the RLJob exists; create a new RLJob to "
+            "change it",
+            "fieldPath": ".lora",
+        },
+        {
+            "rule": "!has(self.lora) || !has(self.updateWeightsTransport) || self.updateWeightsTransport == 'auto' || "
+            "self.updateWeightsTransport == 'disk'",
+            "message": LORA_TRANSPORT_MESSAGE,
+            "fieldPath": ".updateWeightsTransport",
+        },
+        {
+            "rule": "!has(self.lora) || !has(self.refUpdateInterval)",
+            "message": LORA_REF_UPDATE_MESSAGE,
+            "fieldPath": ".refUpdateInterval",
         },
     )
 
@@ -131,11 +149,28 @@ class TrainingSpec(SpecModel):
         "carries 4 bytes x layers x top-k per token from the engine to the trainer. Needs a mixture-of-experts "
         "model, the megatron backend (auto chooses it) and parallelism.pipeline 1. Default false.",
     )
+    lora: Optional[LoraSpec] = Field(
+        default=None,
+        json_schema_extra=immutable_field("training.lora"),
+        description="Train a LoRA adapter of the given rank on the target layers instead of the whole model (torch "
+        "backend, peft): the base weights stay frozen, so gradients and Adam moments are the adapter's only, the "
+        "reference model is the base (the adapter off: no second copy), each weight sync sends only the adapter "
+        "(written to storage the engines share and loaded with /load_lora_adapter; engines start with "
+        "--enable-lora) and checkpoints hold only it. The HF export writes the merged model with the adapter in "
+        "its adapter/ directory. Default: unset (full fine-tuning). Fixed after creation.",
+    )
     optimizer: OptimizerSpec = section(OptimizerSpec, "Optimizer and learning-rate schedule. Default: Adam, lr 1e-6, constant.")
     seed: int = Field(default=1234, description="Seed of model initialisation, dropout and sampling on the trainer. Default 1234.")
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "TrainingSpec":
+        violations = []
         if self.async_buffer_size != 1 and self.mode != "async":
-            raise cross_field_error([("asyncBufferSize", ASYNC_BUFFER_MESSAGE % self.async_buffer_size)])
+            violations.append(("asyncBufferSize", ASYNC_BUFFER_MESSAGE % self.async_buffer_size))
+        if self.lora is not None and self.update_weights_transport not in ("auto", "disk"):
+            violations.append(("updateWeightsTransport", LORA_TRANSPORT_MESSAGE))
+        if self.lora is not None and self.ref_update_interval is not None:
+            violations.append(("refUpdateInterval", LORA_REF_UPDATE_MESSAGE))
+        if violations:
+            raise cross_field_error(violations)
         return self

@@ -8,6 +8,7 @@ The trainer actor (actors/trainer.py) calls these and nothing else:
     backend.gather_for_push(keep)                        # collective: the whole model on the pushing ranks
     backend.weights_for_push() -> (HF name, tensor)...   # on a pushing rank: what the weight sync sends
     backend.save_hf(dir)                                 # on one rank, after gather_for_push
+    backend.save_adapter(dir)                            # spec.training.lora: the adapter alone (peft's format)
     backend.release(keep_weights=...) / backend.restore()  # colocated: give device memory back, take it again
     backend.refresh_reference()                          # the reference takes the actor's weights
 
@@ -208,6 +209,10 @@ class TrainerBackend(abc.ABC):
     @abc.abstractmethod
     def save_hf(self, directory: str | Path) -> Path:
         """Write an HF model directory (config, weights, tokenizer) that an engine can load; returns it."""
+
+    def save_adapter(self, directory: str | Path) -> Path:
+        """The LoRA adapter as a peft directory (the `adapter` weight sync); only under spec.training.lora."""
+        raise ValueError(f"{type(self).__name__} trains no LoRA adapter (spec.training.lora is unset or not its)")
 
     @abc.abstractmethod
     def release(self, *, keep_weights: bool = False) -> None:

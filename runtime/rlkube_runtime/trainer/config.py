@@ -18,6 +18,7 @@ from ..spec.model import ModelSpec
 from ..spec.parallelism import ParallelismSpec
 from ..spec.algorithm import AlgorithmSpec
 from ..spec.base import spec_default
+from ..spec.lora import LoraSpec
 from ..spec.training import OptimizerSpec, TrainingSpec
 from ..spec.rollout import RolloutSpec
 
@@ -219,6 +220,8 @@ class TrainerConfig:
     recompute: str = spec_default(ParallelismSpec, "recompute")
     # Replay the engine's expert routing in the actor's forward passes (spec.training.routingReplay).
     routing_replay: bool = spec_default(TrainingSpec, "routing_replay")
+    # Train a LoRA adapter instead of the whole model (spec.training.lora; torch backend only).
+    lora: LoraSpec | None = None
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -238,6 +241,7 @@ class TrainerConfig:
             seed=spec.training.seed,
             recompute=spec.parallelism.recompute,
             routing_replay=spec.training.routing_replay,
+            lora=spec.training.lora,
         )
 
 

@@ -88,6 +88,9 @@ class TorchBackend(TrainerBackend):
         self.model = _load_causal_lm(
             config.model.hf_checkpoint, config.model.attn_implementation, config.model.trust_remote_code
         ).to(self.device)
+        # spec.training.lora: peft puts the adapter into self.model's linear layers in place and
+        # freezes the rest; self._peft is the wrapper that saves it and switches it off.
+        self._peft = _add_lora(self.model, config.lora) if config.lora is not None else None
         if config.recompute == "full":
             _recompute_every_layer(self.model)
         self._compiled = self.device.type == "cuda" and compile_enabled()
@@ -101,7 +104,8 @@ class TorchBackend(TrainerBackend):
                 **_no_forward_buffer_sync(),
             )
         self.ref_model: torch.nn.Module | None = None
-        if config.loss.needs_ref_model:
+        # Under LoRA the reference is the base model: the actor with its adapter switched off.
+        if config.loss.needs_ref_model and self._peft is None:
             ref_path = config.model.ref_load or config.model.hf_checkpoint
             self.ref_model = _load_causal_lm(ref_path, config.model.attn_implementation, config.model.trust_remote_code).to(
                 self.device
@@ -121,6 +125,9 @@ class TorchBackend(TrainerBackend):
         self, batch: TrainBatch, *, model: Literal["actor", "ref"] = "actor", with_entropy: bool = False
     ) -> LogProbs:
         self._check_resident("log_probs")
+        if model == "ref" and self._peft is not None and self.config.loss.needs_ref_model:
+            with self._peft.disable_adapter():
+                return self.log_probs(batch, model="actor", with_entropy=with_entropy)
         module = pick_model(model, self.model, self.ref_model)
         was_training = module.training
         module.eval()
@@ -183,8 +190,27 @@ class TorchBackend(TrainerBackend):
 
     def weights_for_push(self):
         """The live parameters and buffers (every rank holds the whole model), tied tensors once,
-        fused MoE experts under their per-expert checkpoint names (the names engines load)."""
+        fused MoE experts under their per-expert checkpoint names (the names engines load). Under
+        LoRA the HF-named weights with the adapter merged in (the sync itself sends the adapter
+        alone: `save_adapter`)."""
+        if self._peft is not None:
+            return iter(self._merged_weights().items())
         return per_expert_views(unique_named_tensors(self.model))
+
+    def save_adapter(self, directory: str | Path) -> Path:
+        """The LoRA adapter in peft's directory format (what /load_lora_adapter reads)."""
+        if self._peft is None:
+            raise ValueError("save_adapter needs spec.training.lora")
+        # The frozen base layers stay out: peft would otherwise save an adapted lm_head whole.
+        self._peft.save_pretrained(str(directory), save_embedding_layers=False)
+        return Path(directory)
+
+    def _merged_weights(self) -> dict[str, torch.Tensor]:
+        """HF-named weights, tied tensors once, each adapted layer as W + scaling * B @ A."""
+        from ..lora import merged_weights
+
+        base, adapter = lora_split(dict(unique_named_tensors(self.model)))
+        return {**base, **merged_weights(base, adapter, self.config.lora.scaling)}
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """Every state-dict entry, tied tensors under each of their names."""
@@ -199,7 +225,11 @@ class TorchBackend(TrainerBackend):
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to("cpu", torch.float32) for k, v in self.model.state_dict().items()}
+        if self._peft is not None:  # the merged model, loadable by any engine, and the adapter beside it
+            self.save_adapter(directory / "adapter")
+            state = {k: v.detach().to("cpu", torch.float32) for k, v in self._merged_weights().items()}
+        else:
+            state = {k: v.detach().to("cpu", torch.float32) for k, v in self.model.state_dict().items()}
         self.model.save_pretrained(directory, state_dict=state)
         try:
             tokenizer = AutoTokenizer.from_pretrained(
@@ -251,7 +281,7 @@ class TorchBackend(TrainerBackend):
         rank resumes with its own.
         """
         state = {
-            "model": _cpu_copy(self.model),
+            "model": self._trained_state(),
             "optimizer": to_cpu(self.optimizer.state_dict()),
             "scheduler": self.schedule.state_dict(),
             "rng": capture_rng_state(),
@@ -264,13 +294,42 @@ class TorchBackend(TrainerBackend):
         missing = {"model", "optimizer", "scheduler", "rng"} - set(state)
         if missing:
             raise ValueError(f"trainer state lacks {sorted(missing)}; got keys {sorted(state)}")
-        self.model.load_state_dict(state["model"], strict=True)
+        self._load_trained_state(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         restore_rng_state(state["rng"])
         if "ref_model" in state and self.ref_model is not None:
             self.ref_model.load_state_dict(state["ref_model"], strict=True)
             self.ref_refreshed = True
+
+    def _trained_state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps of the model: all of it, or under LoRA the adapter alone (the
+        base comes from model.hfCheckpoint again)."""
+        if self._peft is None:
+            return _cpu_copy(self.model)
+        return {k: p.detach().to("cpu", copy=True) for k, p in self.model.named_parameters() if p.requires_grad}
+
+    def _load_trained_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self._peft is None:
+            if any(".lora_A." in k for k in state):
+                raise ValueError("the checkpoint's model state is a LoRA adapter, and this job trains the whole model "
+                                 "(spec.training.lora is unset); resume it with the lora it was trained with")
+            self.model.load_state_dict(state, strict=True)
+            return
+        trained = {k for k, p in self.model.named_parameters() if p.requires_grad}
+        if set(state) != trained:
+            raise ValueError(
+                f"the checkpoint's model state is not this job's LoRA adapter (spec.training.lora): "
+                f"missing {sorted(trained - set(state))[:3]}, unexpected {sorted(set(state) - trained)[:3]}"
+            )
+        self.model.load_state_dict(state, strict=False)
+
+    def refresh_reference(self) -> None:
+        if self._peft is not None:
+            from ..spec.lora import LORA_REF_UPDATE_MESSAGE
+
+            raise ValueError(f"spec.training.refUpdateInterval: {LORA_REF_UPDATE_MESSAGE}")
+        super().refresh_reference()
 
     # -- colocated placement --------------------------------------------------------------
 
@@ -357,6 +416,32 @@ class TorchBackend(TrainerBackend):
             self._offload.move_module(self.ref_model, "ref", device)
         # The optimizer's parameters are the actor's weights: they move with the actor.
         self._offload.move_optimizer(self.optimizer, "optimizer", device)
+
+
+def _add_lora(model: torch.nn.Module, lora):
+    """peft's LoRA layers in `model` (in place) for spec.training.lora; returns the PeftModel."""
+    from peft import LoraConfig, get_peft_model
+
+    if "lm_head" in lora.target_modules and getattr(model.config, "tie_word_embeddings", False):
+        from ..spec.lora import LORA_TIED_HEAD_MESSAGE
+
+        raise ValueError(f"spec.training.lora.targetModules: {LORA_TIED_HEAD_MESSAGE}")
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
+                        lora_dropout=lora.dropout, bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def lora_split(named: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A peft-injected model's tensors as (HF-named base weights, adapter tensors named as peft
+    saves them): `x.base_layer.weight` is `x.weight`, `x.lora_A.default.weight` is `x.lora_A.weight`."""
+    base, adapter = {}, {}
+    for name, tensor in named.items():
+        if ".lora_A." in name or ".lora_B." in name:
+            module, part, _adapter_name, leaf = name.rsplit(".", 3)
+            adapter[f"{module}.{part}.{leaf}"] = tensor
+        else:
+            base[name.replace(".base_layer.", ".")] = tensor
+    return base, adapter
 
 
 def _cpu_copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TRANSPORTS = ("tensor", "distributed", "http", "disk")
+# "adapter": spec.training.lora's adapter alone, a peft directory where `disk` writes its HF
+# directories, loaded with /load_lora_adapter (what auto and disk resolve to under LoRA).
+TRANSPORTS = ("tensor", "distributed", "http", "disk", "adapter")
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class SyncPlan:
 def plan_sync(spec, topology, *, disk_dir: str | None = None) -> SyncPlan:
     """The plan for `spec` (an RLJobSpec) on `topology` (a topology.Topology): the transport
     `spec.training.updateWeightsTransport` resolves to there, and each engine's pushing rank."""
-    transport = weight_sync_transport(
+    transport = "adapter" if spec.training.lora is not None else weight_sync_transport(
         spec.training.update_weights_transport,
         placement=topology.placement,
         device=topology.device,

@@ -12,6 +12,9 @@ Transports, each in SGLang's own API shapes so one sender drives either kind of 
 - `http`: /update_weights_from_tensor with the `rlkube_safetensors` format: the bytes themselves,
   one request per bucket, large tensors split into blocks of rows (built-in engines only).
 - `disk`: an HF directory on storage the engines share, then /update_weights_from_disk.
+- `adapter` (spec.training.lora): the LoRA adapter alone as a peft directory on that storage, then
+  /unload_lora_adapter and /load_lora_adapter under one name (`lora.ADAPTER_NAME`, which generation
+  requests ask for) and /update_weight_version.
 
 Weights travel in the engines' dtype (bf16 from fp32 master weights halves the bytes), tied
 tensors once, in buckets of at most `bucket_bytes`. With `quantization="fp8"` (spec.model.rolloutDtype
@@ -26,6 +29,7 @@ only half loaded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -42,7 +46,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 from rlkube_runtime.memory import unique_named_tensors
-from rlkube_runtime import fp8
+from rlkube_runtime import fp8, lora
 from rlkube_runtime.weight_sync.buckets import Piece, plan_buckets
 from rlkube_runtime.weight_sync.coordinator import SyncReport
 from rlkube_runtime.weight_sync.handle_group import HandleGroup, HandleGroupError
@@ -85,6 +89,7 @@ class WeightSender:
         device: torch.device,
         node_ip: str = "127.0.0.1",  # local only (tests); the trainer passes its node's IP
         save_hf: Callable[[str], Any] | None = None,
+        save_adapter: Callable[[str], Any] | None = None,
         engine_ranks: int = 1,
         quantization: str | None = None,
     ):
@@ -96,6 +101,7 @@ class WeightSender:
         self.device = torch.device(device)
         self.node_ip = node_ip
         self._save_hf = save_hf
+        self._save_adapter = save_adapter
         self.engine_ranks = engine_ranks
         self._groups: dict[str, _Group] = {}
         self.quantization = quantization
@@ -116,6 +122,8 @@ class WeightSender:
                 raise ValueError(f"the disk transport writes the HF directory unquantized; quantization "
                                  f"{self.quantization!r} goes by 'tensor', 'distributed' or 'http'")
             asyncio.run(self._push_disk(list(urls), version, disk_dir, report))
+        elif transport == "adapter":
+            asyncio.run(self._push_adapter(list(urls), version, disk_dir, report))
         else:
             named = dict(unique_named_tensors(self.model))
             split = transport == "http"
@@ -290,6 +298,32 @@ class WeightSender:
             await _close(admins)
         prune_older_versions(Path(disk_dir), keep=Path(path))
 
+    async def _push_adapter(self, urls, version: str, disk_dir: str | None, report: SyncReport) -> None:
+        """Write the adapter, then in every engine replace the one it serves and set the version.
+        Unloading fails on an engine that has none yet (a new or restarted one): that is fine."""
+        if self._save_adapter is None or disk_dir is None:
+            raise ValueError("the adapter transport needs save_adapter and a directory the engines can read")
+        path = Path(disk_dir) / f"lora-v{version}"
+        await asyncio.to_thread(self._save_adapter, str(path))
+        report.bytes_per_engine = lora.adapter_bytes(path)
+        report.requests_per_engine = 3
+        admins = _admins(urls)
+
+        from rlkube_runtime.serving.client import EngineHTTPError
+
+        async def replace(admin):
+            with contextlib.suppress(EngineHTTPError):
+                await admin.unload_lora_adapter(lora.ADAPTER_NAME)
+            await admin.load_lora_adapter(lora.ADAPTER_NAME, str(path))
+            await admin.update_weight_version(version)
+
+        try:
+            results = await asyncio.gather(*(replace(admins[u]) for u in urls), return_exceptions=True)
+            _record_failures(urls, results, report)
+        finally:
+            await _close(admins)
+        prune_older_versions(Path(disk_dir), keep=path, pattern="lora-v*")
+
     # ---- helpers -------------------------------------------------------------------------
 
     async def _group(self, url: str, admin) -> _Group:
@@ -409,13 +443,13 @@ def _piece_of(tensor: torch.Tensor, piece: Piece) -> torch.Tensor:
     return tensor if piece.rows is None else tensor[piece.rows[0] : piece.rows[1]]
 
 
-def prune_older_versions(disk_dir: Path, *, keep: Path) -> None:
-    """Delete the `disk` transport's earlier version directories (v<version> beside `keep`): every
-    engine, and any replacement, loads the newest, so only it is kept (a full HF directory per
-    sync would fill the disk)."""
+def prune_older_versions(disk_dir: Path, *, keep: Path, pattern: str = "v*") -> None:
+    """Delete the `disk` transport's earlier version directories (v<version> beside `keep`; the
+    adapter transport's lora-v<version>): every engine, and any replacement, loads the newest, so
+    only it is kept (a full HF directory per sync would fill the disk)."""
     import shutil
 
-    for old in disk_dir.glob("v*"):
+    for old in disk_dir.glob(pattern):
         if old.is_dir() and old.resolve() != keep.resolve():
             shutil.rmtree(old, ignore_errors=True)
 

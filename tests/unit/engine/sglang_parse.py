@@ -92,6 +92,9 @@ def parse_lines(lines: list[list[str]]) -> list[dict]:
 
 
 def _is_json(value) -> bool:
+    """Scalars, and lists of them (nargs flags such as --lora-target-modules)."""
+    if isinstance(value, list):
+        return all(_is_json(v) and not isinstance(v, list) for v in value)
     return value is None or isinstance(value, (str, int, float, bool))
 
 

@@ -45,7 +45,8 @@ def sglang_parsed(tmp_path_factory):
     require_pinned_sglang()
     lines = {f"{line.job}/engine-{line.index}": line for job in sglang_jobs() for line in engine_lines(job)}
     keyed = sglang_server_args(SGLangServerConfig(model_path="/m", host="10.0.0.1", port=30000, tp_size=1, seed=0,
-                                                  dtype="bfloat16", api_key="job-key", return_routed_experts=True))
+                                                  dtype="bfloat16", api_key="job-key", return_routed_experts=True,
+                                                  lora_rank=16, lora_target_modules=("q_proj", "down_proj", "lm_head")))
     argvs = [line.argv for line in lines.values()] + multi_node_lines() + list(MUST_FAIL.values()) + [keyed]
     work = tmp_path_factory.mktemp("sglang-parse")
     (work / "in.json").write_text(json.dumps(argvs))
@@ -94,10 +95,13 @@ def test_a_multi_pod_engine_line_per_node_is_accepted_by_sglangs_own_parser(sgla
 
 
 @pytest.mark.slow
-def test_a_line_with_the_jobs_api_key_and_routing_replay_gives_sglang_that_key_and_routed_experts(sglang_parsed):
+def test_a_line_with_the_jobs_api_key_routing_replay_and_lora_gives_sglang_each(sglang_parsed):
     keyed = sglang_parsed["keyed"]
     assert keyed["error"] is None and keyed["values"]["api_key"] == "job-key", keyed
     assert keyed["values"]["enable_return_routed_experts"] is True, keyed
+    values = keyed["values"]  # spec.training.lora: adapters of its rank on its layers may be loaded
+    assert (values["enable_lora"], values["max_lora_rank"]) == (True, 16), keyed
+    assert set(values["lora_target_modules"]) == {"q_proj", "down_proj", "lm_head"}, keyed
 
 
 @pytest.mark.slow

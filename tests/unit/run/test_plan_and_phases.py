@@ -95,6 +95,17 @@ def test_separate_engines_are_pushed_by_rank_0_over_a_broadcast_in_float32_on_a_
     assert (plan.transport, plan.pusher_of_engine, plan.dtype) == ("distributed", (0, 0), "float32")
 
 
+@pytest.mark.parametrize("placement", ["colocated", "separate"])
+def test_a_lora_job_syncs_its_adapter_alone_from_rank_0_wherever_the_engines_are(tmp_path, placement):
+    from rlkube_runtime.spec.lora import LoraSpec
+
+    spec = _plan(tmp_path, resources={"placement": placement}, training={"lora": LoraSpec(rank=8)}).spec
+    topo = _topology(placement=placement, device="cuda", trainer_bundles=[0, 1],
+                     engine_bundles=[0, 1] if placement == "colocated" else [2, 3])
+    plan = plan_sync(spec, topo, disk_dir=str(tmp_path / "weights"))
+    assert (plan.transport, plan.pusher_of_engine, plan.disk_dir) == ("adapter", (0, 0), str(tmp_path / "weights"))
+
+
 def test_an_impossible_transport_is_refused_naming_the_field(tmp_path):
     spec = _plan(tmp_path, training={"update_weights_transport": "tensor"}).spec
     topo = _topology(placement="separate", device="cuda", trainer_bundles=[0], engine_bundles=[1])

@@ -8,7 +8,7 @@ from rlkube_runtime.spec import contract
 def test_fixed_fields_are_read_from_the_specs_transition_rules():
     assert set(contract.fixed_fields()) == {
         "model", "data", "parallelism", "resources.placement", "rollout.batchSize", "rollout.nSamplesPerPrompt",
-        "training.globalBatchSize", "training.numStepsPerRollout", "training.mode", "training.backend",
+        "training.globalBatchSize", "training.numStepsPerRollout", "training.mode", "training.backend", "training.lora",
     }
     assert reconcile.IMMUTABLE_FIELDS == contract.fixed_fields()
 

@@ -125,6 +125,10 @@ class MegatronBackend(TrainerBackend):
                 "on GPUs only; a CPU trainer steps torch AdamW"
             )
 
+        if config.lora is not None:
+            from ...spec.lora import LORA_MEGATRON_MESSAGE
+
+            raise ValueError(f"spec.training.lora: {LORA_MEGATRON_MESSAGE}")
         self._construct(config)
 
     @in_cpu_mode
