@@ -3,9 +3,13 @@ from what Ray sees, and place the trainer ranks and the rollout manager (with it
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
 
 from rlkube_runtime.run.handoff import Handoff
 from rlkube_runtime.run.plan import RunError, RunPlan
@@ -37,8 +41,48 @@ def init_ray() -> str:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return "cluster"
-    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=True)
+    for attempt in Retrying(retry=retry_if_exception(_ray_start_timed_out), stop=stop_after_attempt(LOCAL_RAY_STARTS),
+                            wait=wait_fixed(LOCAL_RAY_RETRY_WAIT_S), before_sleep=_shut_down_half_started_ray, reraise=True):
+        with attempt:
+            ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=True)
     return "local"
+
+
+# Ray gives its raylet a fixed 30 s to register with the GCS; on a busy machine (two cores, other
+# jobs starting) that can pass although nothing is wrong, so a private Ray gets a few tries.
+LOCAL_RAY_STARTS = 3
+LOCAL_RAY_RETRY_WAIT_S = 2.0
+
+
+def _ray_start_timed_out(error: BaseException) -> bool:
+    return "timed out during startup" in str(error)
+
+
+def _shut_down_half_started_ray(state) -> None:
+    """Ray does not stop the GCS and raylet of a start that timed out (ray.shutdown() knows no node
+    then): this process's children that run from Ray's package, with their workers, are stopped."""
+    import psutil
+    import ray
+
+    print(f"rlkube run: the local Ray did not start within Ray's 30 s (a busy machine?); starting it again "
+          f"(try {state.attempt_number + 1} of {LOCAL_RAY_STARTS})", file=sys.stderr, flush=True)
+    ray.shutdown()
+    package = os.path.dirname(ray.__file__)
+    started = [child for child in psutil.Process().children(recursive=True)
+               if _runs_from(child, package) or child.name().startswith("ray::")]
+    for child in started:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(started, timeout=10)
+
+
+def _runs_from(process, package: str) -> bool:
+    import psutil
+
+    try:
+        return any(part.startswith(package) for part in process.cmdline()[:2])
+    except psutil.Error:
+        return False
 
 
 def start_job(plan: RunPlan, report: Report) -> Job:
