@@ -271,8 +271,9 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
         ("torch-expert-tensor", {"training": {"backend": "torch"}, "parallelism": {"expertTensor": 2}},
          "spec.parallelism.expertTensor", "expertTensor(2) > 1 splits each expert over GPUs, which the torch backend "
          "cannot do"),
-        ("fp8", {"model": {"rolloutDtype": "fp8"}, "algorithm": {"tis": {"enabled": True}}}, "spec.model.rolloutDtype",
-         "model.rolloutDtype fp8 is served by the built-in engine only (rollout.engine: builtin)"),
+        ("fp8", {"model": {"rolloutDtype": "fp8"}, "algorithm": {"tis": {"enabled": True}},
+                 "training": {"updateWeightsTransport": "disk"}}, "spec.training.updateWeightsTransport",
+         "training.updateWeightsTransport disk writes the HF directory unquantized"),
         ("buffer", {"training": {"asyncBufferSize": 2}}, "spec.training.asyncBufferSize",
          "asyncBufferSize(2): only async mode (training.mode: async) generates ahead"),
         ("ppo", {"algorithm": {"advantageEstimator": "ppo"}}, "spec.algorithm.advantageEstimator",
@@ -291,7 +292,7 @@ def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_pat
                       "algorithm": {"tis": {"enabled": True}}}, "spec.training.lora",
          "lora with model.rolloutDtype fp8 is not built"),
     ],
-    ids=["torch-tensor-parallel", "megatron-replica-too-big", "expert-parallel-too-big", "torch-expert-tensor", "fp8-rollouts-into-sglang", "async-buffer-2-in-sync-mode", "ppo",
+    ids=["torch-tensor-parallel", "megatron-replica-too-big", "expert-parallel-too-big", "torch-expert-tensor", "fp8-rollouts-by-disk", "async-buffer-2-in-sync-mode", "ppo",
          "off-policy-mask-without-partial-rollout", "torch-routing-replay", "pipelined-routing-replay", "lora-on-megatron",
          "lora-over-the-tensor-transport", "lora-with-fp8-rollouts"],
 )
@@ -317,9 +318,10 @@ def test_the_api_server_refuses_what_no_backend_honours(crd_installed, ns, tmp_p
         {"parallelism": {"tensor": 2, "expert": 2, "expertTensor": 1, "sequenceParallel": True}},
         {"training": {"numRollout": 3, "routingReplay": True}, "parallelism": {"expert": 2}},
         {"training": {"numRollout": 3, "lora": {"rank": 16, "alpha": 32, "targetModules": ["q_proj", "lm_head"]}}},
+        {"model": {"rolloutDtype": "fp8"}, "algorithm": {"tis": {"enabled": True}}},
     ],
     ids=["chat-template-kwargs", "ref-update-interval", "hf-export-interval", "async-buffer-4", "off-policy-mask",
-         "expert-parallel-2", "whole-experts-beside-tensor-2", "routing-replay", "lora"],
+         "expert-parallel-2", "whole-experts-beside-tensor-2", "routing-replay", "lora", "fp8-rollouts-into-sglang"],
 )
 def test_the_api_server_accepts_the_switches_the_runtime_honours(crd_installed, ns, spec):
     """Their CEL rules compile in the real API server and pass a spec that uses them (a rule the

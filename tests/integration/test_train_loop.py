@@ -185,7 +185,7 @@ def test_a_mixture_of_experts_job_syncs_every_expert_so_the_engine_scores_like_t
 def test_an_fp8_rollout_syncs_block_quantized_weights_into_the_engine_and_still_learns(tmp_path):
     """model.rolloutDtype fp8 (with TIS): every sync sends the decoder layers' linear weights as
     e4m3 + float32 block scales (the tiny model's are under 128 wide: ragged blocks), the engine
-    starts with --quantization fp8 and serves them, and the reward still climbs."""
+    starts from the block-fp8 copy in the output directory and serves them, and the reward still climbs."""
     from transformers import AutoModelForCausalLM
 
     from rlkube_runtime.memory import unique_named_tensors
@@ -212,12 +212,16 @@ def test_an_fp8_rollout_syncs_block_quantized_weights_into_the_engine_and_still_
     quantized = {n: t for n, t in named.items() if fp8.is_quantized_name(n, t.shape)}
     assert quantized and any(d % 128 for t in quantized.values() for d in t.shape)  # ragged blocks
     expected = sum(fp8.quantized_nbytes(t.shape) if n in quantized else t.numel() * 4 for n, t in named.items())
+    from rlkube_runtime.fp8_checkpoint import is_fp8_checkpoint, read_dequantized
+
+    assert is_fp8_checkpoint(out / "rollout-model-fp8")  # what the engine started from
+    assert set(read_dequantized(out / "rollout-model-fp8")) == set(named)
     synced = [m["perf/update_weights_bytes"] for m in records if "perf/update_weights_bytes" in m]
     assert synced and set(synced) == {float(expected)}, (synced[:3], expected)
     assert sum(fp8.quantized_nbytes(t.shape) for t in quantized.values()) < 0.3 * sum(t.numel() * 4 for t in quantized.values())
-    # The engine was started to serve fp8 (its log opens with its command line), and TIS ran.
+    # The engine was started from the fp8 copy (its log opens with its command line), and TIS ran.
     engine_logs = [p.read_text() for p in (out / "logs").glob("engine-*.log")]
-    assert engine_logs and all("--quantization fp8" in log.splitlines()[0] for log in engine_logs)
+    assert engine_logs and all(f"--model-path {out / 'rollout-model-fp8'}" in log.splitlines()[0] for log in engine_logs)
     assert all("train/tis" in m for m in records)
     # The engine's quantized weights make its logprobs differ from the float32 trainer's.
     diffs = [m["train/train_rollout_logprob_abs_diff"] for m in records]

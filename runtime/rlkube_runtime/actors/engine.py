@@ -15,12 +15,18 @@ from rlkube_runtime.weight_sync.plan import engine_dtype, rollout_quantization
 
 
 def engine_actor_options(
-    spec: RLJobSpec, index: int, *, model_path: str, log_dir: str, device: str, gpu_ids: tuple[int, ...] = ()
+    spec: RLJobSpec, index: int, *, model_path: str, log_dir: str, device: str, gpu_ids: tuple[int, ...] = (),
+    fp8_model_dir: str | None = None,
 ) -> dict[str, Any]:
     """The `EngineActor` arguments of engine `index` of a job, read from its spec in one place:
     the rollout manager starts its engines with them, and the README's and the conformance
-    test's SGLang lines come from them too, so those show what production runs."""
+    test's SGLang lines come from them too, so those show what production runs. `fp8_model_dir`:
+    where an fp8 rollout's engines find (the first to start writes) their block-fp8 checkpoint."""
     rollout = spec.rollout
+    quantization = rollout_quantization(spec.model.rollout_dtype)
+    if quantization == "fp8" and not fp8_model_dir:
+        raise ValueError("model.rolloutDtype fp8: the engines start from a block-fp8 copy of the model, "
+                         "and no directory for it (fp8_model_dir) was given")
     return {
         "engine": rollout.engine,
         "model_path": model_path,
@@ -33,7 +39,8 @@ def engine_actor_options(
         "colocated": spec.resources.placement == "colocated",
         "trust_remote_code": spec.model.trust_remote_code,
         "sglang_args": dict(rollout.sglang_args),
-        "quantization": rollout_quantization(spec.model.rollout_dtype),
+        "quantization": quantization,
+        "fp8_model_dir": fp8_model_dir if quantization == "fp8" else None,
         "gpu_ids": tuple(gpu_ids),  # empty: the GPUs Ray gives the actor
         "return_routed_experts": spec.training.routing_replay,
         "lora_rank": spec.training.lora.rank if spec.training.lora else None,
@@ -59,6 +66,7 @@ class EngineActor:
         host: str | None = None,
         gpu_ids: tuple[int, ...] = (),
         quantization: str | None = None,
+        fp8_model_dir: str | None = None,
         return_routed_experts: bool = False,
         lora_rank: int | None = None,
         lora_target_modules: tuple[str, ...] = (),
@@ -75,7 +83,13 @@ class EngineActor:
         self.trust_remote_code = trust_remote_code
         self.sglang_args = sglang_args or {}
         self.host = host  # None: this node's IP, found when the engine starts
-        self.quantization = quantization  # "fp8": the built-in engine serves block-fp8 weights
+        if quantization not in (None, "fp8"):
+            raise ValueError(f"quantization must be None or 'fp8', got {quantization!r}")
+        if quantization == "fp8" and not fp8_model_dir:
+            raise ValueError("quantization fp8 needs fp8_model_dir (where the block-fp8 checkpoint is written)")
+        # "fp8": both engines start from a block-fp8 copy of model_path (rlkube_runtime/fp8_checkpoint.py),
+        # which the first engine to start writes into fp8_model_dir.
+        self.quantization, self.fp8_model_dir = quantization, fp8_model_dir
         self.gpu_ids = tuple(gpu_ids)  # colocated engines over several GPUs: all of them, by id
         self.return_routed_experts = return_routed_experts  # rollout routing replay
         self.lora_rank, self.lora_target_modules = lora_rank, tuple(lora_target_modules)  # spec.training.lora
@@ -91,13 +105,9 @@ class EngineActor:
             # The engine shares the machine with the trainer: one thread each keeps them from
             # fighting over the cores.
             engine_args["num-threads"] = 1
-        if self.quantization is not None:
-            if self.engine != "builtin":  # the spec refuses it; SGLang would need an fp8 checkpoint
-                raise ValueError(f"quantization {self.quantization!r} is served by the built-in engine only")
-            engine_args["quantization"] = self.quantization
         return {
             "kind": self.engine,
-            "model_path": self.model_path,
+            "model_path": self.served_model_path,
             "log_dir": self.log_dir,
             "name": f"{self.name}-{self._restarts}",
             "seed": self.seed,
@@ -115,9 +125,19 @@ class EngineActor:
             "lora_target_modules": self.lora_target_modules,
         }
 
+    @property
+    def served_model_path(self) -> str:
+        """The directory the engine loads: the block-fp8 copy for an fp8 rollout (SGLang and the
+        built-in engine both read its quantization from its config.json), else the model."""
+        return self.fp8_model_dir if self.quantization == "fp8" else self.model_path
+
     def start(self) -> str:
         from rlkube_runtime.serving.launch import start_engine
 
+        if self.quantization == "fp8":
+            from rlkube_runtime.fp8_checkpoint import write_fp8_checkpoint
+
+            write_fp8_checkpoint(self.model_path, self.fp8_model_dir)  # kept when already made from it
         self._process = start_engine(**self.launch_options())
         return self._process.url
 

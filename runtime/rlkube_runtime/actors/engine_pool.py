@@ -47,6 +47,7 @@ class PoolConfig:
     j's bundle in it (None: no placement group, one engine). engine_resources: each engine
     actor's Ray resources. device: "cpu" or "cuda". engine_gpu_ids: per engine, the GPU ids it
     is handed (a colocated engine over several GPUs); empty: what Ray gives its actor.
+    fp8_model_dir: an fp8 rollout's block-fp8 copy of the model, which the engines start from.
     """
 
     model_path: str
@@ -56,6 +57,7 @@ class PoolConfig:
     engine_resources: Mapping[str, float] = field(default_factory=dict)
     device: str = "cpu"
     engine_gpu_ids: tuple[tuple[int, ...], ...] = ()
+    fp8_model_dir: str | None = None
 
 
 class EnginePool:
@@ -164,7 +166,8 @@ class EnginePool:
             )
         gpus = config.engine_gpu_ids[j] if j < len(config.engine_gpu_ids) else ()
         arguments = engine_actor_options(
-            self.spec, j, model_path=config.model_path, log_dir=config.log_dir, device=config.device, gpu_ids=gpus
+            self.spec, j, model_path=config.model_path, log_dir=config.log_dir, device=config.device, gpu_ids=gpus,
+            fp8_model_dir=config.fp8_model_dir,
         )
         return ray.remote(EngineActor).options(**options).remote(**arguments)
 

@@ -49,7 +49,8 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     )
     parser.add_argument(
         "--quantization", default=None, choices=["fp8"],
-        help="fp8: serve block-quantized e4m3 weights (128x128 blocks, as SGLang's fp8): the checkpoint's "
+        help="fp8: serve block-quantized e4m3 weights (128x128 blocks, as SGLang's fp8): a block-fp8 checkpoint "
+        "(config.json's quantization_config) implies it and is read dequantized; otherwise the checkpoint's "
         "decoder-layer linear weights are quantized and dequantized at start, and weight updates send e4m3 "
         "weights with their _scale_inv; computed in --dtype (the weights' quantization error, not fp8 GEMMs)",
     )

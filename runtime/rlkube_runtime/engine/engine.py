@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlkube_runtime import failpoints
+from rlkube_runtime import failpoints, fp8_checkpoint
 from rlkube_runtime.engine import protocol, weight_groups, weights
 from rlkube_runtime.engine.hf_runner import HFRunner
 from rlkube_runtime.engine.protocol import GenerateItem, ProtocolError
@@ -54,9 +54,10 @@ class EngineConfig:
     max_total_tokens: int | None = None  # KV cache slots at most (default: what the memory share allows)
     trust_remote_code: bool = False  # run the checkpoint's own model/tokenizer code
     api_key: str | None = None  # required of every request but health and metrics (SGLang's --api-key)
-    # "fp8": serve block-quantized e4m3 weights (spec.model.rolloutDtype fp8). The engine keeps
-    # its weights in `dtype`, dequantized: this models the weights' quantization error, not
-    # SGLang's fp8 GEMMs (which also quantize the activations per token group at run time).
+    # "fp8": serve block-quantized e4m3 weights (spec.model.rolloutDtype fp8); implied by a
+    # block-fp8 checkpoint (rlkube_runtime/fp8_checkpoint.py), else the checkpoint's weights are
+    # quantized at start. The engine keeps its weights in `dtype`, dequantized: this models the
+    # weights' quantization error, not SGLang's fp8 GEMMs (which also quantize the activations).
     quantization: str | None = None
     # Report every token's routed experts to requests that ask (SGLang's --enable-return-routed-experts):
     # mixture-of-experts models on the generic runner, for rollout routing replay.
@@ -102,13 +103,17 @@ class Engine:
             raise ValueError(f"dtype must be one of {list(dtypes)}, got {config.dtype!r}")
         dtype = dtypes[config.dtype]
         remote = {"trust_remote_code": True} if config.trust_remote_code else {}
-        tokenizer = AutoTokenizer.from_pretrained(config.model_path, **remote)
-        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype, **remote)
-        model.to(config.device).eval()
-        if config.quantization == "fp8":
-            _quantize_dequantize(model)
-        elif config.quantization is not None:
+        if config.quantization not in (None, "fp8"):
             raise ValueError(f"quantization must be None or 'fp8', got {config.quantization!r}")
+        tokenizer = AutoTokenizer.from_pretrained(config.model_path, **remote)
+        if fp8_checkpoint.is_fp8_checkpoint(config.model_path):  # as SGLang: fp8 because config.json says so
+            model = _load_fp8_checkpoint(config.model_path, dtype, remote)
+            config = dataclasses.replace(config, quantization="fp8")
+        else:
+            model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype, **remote)
+            if config.quantization == "fp8":
+                _quantize_dequantize(model)
+        model.to(config.device).eval()
         return cls(config, model, tokenizer)
 
     def start(self) -> None:
@@ -436,6 +441,24 @@ class Engine:
             "gen_throughput": self.scheduler.generated_tokens / max(now - self._started_at, 1e-9),
         }
         return {"timestamp": now, "version": _package_version(), "dp_rank_count": 1, "loads": [rank]}
+
+
+def _load_fp8_checkpoint(path: str, dtype: torch.dtype, remote: dict) -> torch.nn.Module:
+    """The model of a block-fp8 checkpoint (rlkube_runtime/fp8_checkpoint.py) with its weights
+    dequantized into `dtype`: transformers' own fp8 loader needs a GPU and fp8 kernels."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.from_pretrained(path, **remote)
+    del hf_config.quantization_config
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **remote)
+    missing, unexpected = model.load_state_dict(fp8_checkpoint.read_dequantized(path), strict=False)
+    model.tie_weights()
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - dict(model.named_parameters()).keys()
+    if unexpected or set(missing) - tied:
+        raise fp8_checkpoint.Fp8CheckpointError(
+            f"{path}: its weights do not fit its config.json's model (missing {sorted(set(missing) - tied)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]})")
+    return model
 
 
 def _quantize_dequantize(model: torch.nn.Module) -> int:

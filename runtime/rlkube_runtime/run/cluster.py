@@ -48,6 +48,10 @@ def init_ray() -> str:
     return "local"
 
 
+# An fp8 rollout's engines start from this block-fp8 copy of the model, in the job's output
+# directory (which the engines' pods share with the trainer's, as the disk transport's weights/).
+FP8_MODEL_DIR = "rollout-model-fp8"
+
 # Ray gives its raylet a fixed 30 s to register with the GCS; on a busy machine (two cores, other
 # jobs starting) that can pass although nothing is wrong, so a private Ray gets a few tries.
 LOCAL_RAY_STARTS = 3
@@ -167,6 +171,7 @@ def _start_actors(plan: RunPlan, topology, sync):
         engine_resources=dict(topology.engine_actor_resources),
         device=topology.device,
         engine_gpu_ids=tuple(engine_gpus or ()),
+        fp8_model_dir=str(plan.output_dir / FP8_MODEL_DIR) if plan.spec.model.rollout_dtype == "fp8" else None,
     )
     rollouts = RolloutGroup.start(spec_dict, pool, resources=router_pod)
     # Engines and trainer ranks load their models at the same time.

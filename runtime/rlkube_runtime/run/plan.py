@@ -133,6 +133,7 @@ def prepare_run(
         raise InvalidSpec(str(err)) from None
     if mode != "train-only":
         _check_data(job, model_path)
+        _check_fp8_source(spec, model_path)
     checkpoint_root = out / "checkpoints"
     resume_roots = (checkpoint_root,) + ((Path(spec.model.load),) if spec.model.load else ())
     # A rollout-only run exists to produce dumps a train-only run can use: every sample.
@@ -188,6 +189,19 @@ def _check_model_fit(spec, model_path: str) -> dict | None:
     if violations:
         raise InvalidSpec("; ".join(f"spec.{path}: {message}" for path, message in violations))
     return config
+
+
+def _check_fp8_source(spec, model_path: str) -> None:
+    """An fp8 rollout's engines start from a block-fp8 copy of the model: one that cannot be
+    made (no safetensors weights) stops the run now, where the directory is at hand."""
+    if spec.model.rollout_dtype != "fp8" or not Path(model_path).is_dir():
+        return
+    from rlkube_runtime.fp8_checkpoint import Fp8CheckpointError, check_source
+
+    try:
+        check_source(model_path)
+    except Fp8CheckpointError as err:
+        raise InvalidSpec(f"spec.model.rolloutDtype: fp8: {err}") from None
 
 
 def _check_data(job: RLJob, model_path: str) -> None:

@@ -77,8 +77,10 @@ class ModelSpec(SpecModel):
         description="Precision of the weights the rollout engines serve. bf16: the engine dtype. fp8: every weight "
         "sync sends the decoder layers' linear weights block-quantized to float8_e4m3fn (128x128 blocks with "
         "float32 scales, as SGLang's fp8 checkpoints; embeddings, lm_head, norms and biases stay high-precision), "
-        "about half the bytes of bf16 for them; the built-in engine serves them dequantized (their quantization "
-        "error, not fp8 GEMMs). fp8 needs rollout.engine builtin, a transport other than disk and "
+        "about half the bytes of bf16 for them. The engines start from a block-fp8 copy of the model written "
+        "into the output directory (rollout-model-fp8/, config.json with quantization_config), so SGLang "
+        "builds its fp8 layers and serves fp8 GEMMs; the built-in engine serves the weights dequantized (their "
+        "quantization error, not fp8 GEMMs). fp8 needs safetensors weights, a transport other than disk and "
         "algorithm.tis.enabled (the engine's logprobs then differ from the trainer's). Default bf16.",
     )
 

@@ -90,16 +90,6 @@ STALENESS_BUFFER_RULE = {
     "fieldPath": ".rollout.maxStaleness",
 }
 _FP8 = "!has(self.model.rolloutDtype) || self.model.rolloutDtype != 'fp8' || "
-FP8_ENGINE_MESSAGE = (
-    "model.rolloutDtype fp8 is served by the built-in engine only (rollout.engine: builtin): SGLang would have to "
-    "start from an fp8 block-quantized checkpoint, which rlkube does not write yet; set rollout.engine: builtin or "
-    "model.rolloutDtype: bf16"
-)
-FP8_ENGINE_RULE = {
-    "rule": _FP8 + "(has(self.rollout.engine) && self.rollout.engine == 'builtin')",
-    "message": FP8_ENGINE_MESSAGE,
-    "fieldPath": ".model.rolloutDtype",
-}
 FP8_DISK_MESSAGE = (
     "training.updateWeightsTransport disk writes the HF directory unquantized, so model.rolloutDtype fp8 would "
     "serve unquantized weights; use auto, tensor, distributed or http, or model.rolloutDtype: bf16"
@@ -126,7 +116,7 @@ FP8_LORA_RULE = {
     "message": LORA_FP8_MESSAGE,
     "fieldPath": ".training.lora",
 }
-FP8_RULES = (FP8_ENGINE_RULE, FP8_DISK_RULE, FP8_TIS_RULE, FP8_LORA_RULE)
+FP8_RULES = (FP8_DISK_RULE, FP8_TIS_RULE, FP8_LORA_RULE)
 ASYNC_PLACEMENT_RULE = {
     "rule": "self.training.mode != 'async' || !has(self.resources) || self.resources.placement != 'colocated'",
     "message": _ASYNC_COLOCATED,
@@ -229,8 +219,6 @@ def fp8_violations(spec: "RLJobSpec") -> list[tuple[str, str]]:
     if spec.model.rollout_dtype != "fp8":
         return []
     violations = []
-    if spec.rollout.engine != "builtin":
-        violations.append(("model.rolloutDtype", FP8_ENGINE_MESSAGE))
     if spec.training.update_weights_transport == "disk":
         violations.append(("training.updateWeightsTransport", FP8_DISK_MESSAGE))
     if not spec.algorithm.tis.enabled:

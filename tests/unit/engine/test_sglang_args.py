@@ -188,23 +188,58 @@ def test_gpus_given_by_id_reach_the_engine_process():
     assert launch.gpu_ids == (2, 3)
 
 
-def test_an_fp8_rollout_starts_the_builtin_engine_with_quantization_fp8_and_sglang_not_at_all():
-    spec = RLJobSpec.model_validate({
+def _fp8_spec(engine: str) -> RLJobSpec:
+    return RLJobSpec.model_validate({
         "model": {"preset": "tiny", "rolloutDtype": "fp8"},
         "data": {"promptData": "builtin:digit-successor"},
-        "rollout": {"engine": "builtin", "batchSize": 4, "nSamplesPerPrompt": 2},
+        "rollout": {"engine": engine, "batchSize": 4, "nSamplesPerPrompt": 2},
         "reward": {"type": "exact"},
         "algorithm": {"tis": {"enabled": True}},
         "training": {"globalBatchSize": 8, "numRollout": 1},
     })
-    options = engine_actor_options(spec, 0, model_path="/m", log_dir="/l", device="cpu")
-    assert options["quantization"] == "fp8"
-    command = builtin_engine_command(engine_launch_spec(EngineActor(**options).launch_options()), 30000)
-    assert command[command.index("--quantization") + 1] == "fp8"
-    # bf16 (the default) adds nothing to the line.
-    plain = engine_actor_options(_spec(gpusPerEngine=1, engine="builtin"), 0, model_path="/m", log_dir="/l", device="cpu")
-    assert plain["quantization"] is None
-    assert "--quantization" not in builtin_engine_command(engine_launch_spec(EngineActor(**plain).launch_options()), 30000)
-    # The spec refuses fp8 into SGLang; an actor asked for it anyway refuses before starting anything.
-    with pytest.raises(ValueError, match="built-in engine only"):
-        EngineActor(**{**options, "engine": "sglang"}).launch_options()
+
+
+@pytest.mark.parametrize("engine", ["builtin", "sglang"])
+def test_an_fp8_rollouts_engines_load_the_block_fp8_copy_of_the_model(engine):
+    """Both engines read fp8 from the copy's config.json (SGLang builds its fp8 layers from it), so
+    no --quantization is passed; bf16 (the default) loads the model itself."""
+    options = engine_actor_options(_fp8_spec(engine), 0, model_path="/m", log_dir="/l", device="cuda",
+                                   fp8_model_dir="/out/rollout-model-fp8")
+    assert options["quantization"] == "fp8" and options["fp8_model_dir"] == "/out/rollout-model-fp8"
+    launch = engine_launch_spec(EngineActor(**options).launch_options())
+    assert launch.model_path == "/out/rollout-model-fp8"
+    assert "quantization" not in launch.engine_args
+    plain = engine_actor_options(_spec(gpusPerEngine=1, engine=engine), 0, model_path="/m", log_dir="/l", device="cpu",
+                                 fp8_model_dir="/out/rollout-model-fp8")
+    assert plain["quantization"] is None and plain["fp8_model_dir"] is None
+    assert engine_launch_spec(EngineActor(**plain).launch_options()).model_path == "/m"
+    with pytest.raises(ValueError, match="fp8_model_dir"):
+        engine_actor_options(_fp8_spec(engine), 0, model_path="/m", log_dir="/l", device="cuda")
+
+
+def test_an_fp8_engine_writes_the_copy_before_it_starts(tmp_path, monkeypatch):
+    from rlkube_runtime.fp8_checkpoint import is_fp8_checkpoint
+    from rlkube_runtime.serving import launch
+    from rlkube_runtime.tiny.model import build_tiny_checkpoint
+
+    model = build_tiny_checkpoint(tmp_path / "model", seed=0)
+    started = []
+
+    class _Process:
+        url, pid = "http://engine", 1
+
+        def stop(self):
+            pass
+
+    def start_engine(**options):
+        assert is_fp8_checkpoint(options["model_path"])  # whole before the engine reads it
+        started.append(options["model_path"])
+        return _Process()
+
+    monkeypatch.setattr(launch, "start_engine", start_engine)
+    options = engine_actor_options(_fp8_spec("sglang"), 0, model_path=str(model), log_dir=str(tmp_path / "logs"),
+                                   device="cuda", fp8_model_dir=str(tmp_path / "out" / "rollout-model-fp8"))
+    actor = EngineActor(**{**options, "host": "127.0.0.1", "gpu_ids": (0,)})
+    assert actor.start() == "http://engine"
+    assert actor.restart() == "http://engine"  # the copy made from the same model is kept
+    assert started == [str(tmp_path / "out" / "rollout-model-fp8")] * 2

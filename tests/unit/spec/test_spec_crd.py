@@ -377,9 +377,7 @@ CROSS_FIELD_CASES = [
     ({"parallelism": {"tensor": 3}}, "spec.parallelism", True),
     ({"parallelism": {"sequenceParallel": True}}, "spec.parallelism.sequenceParallel", True),
     ({"parallelism": {"tensor": 2}, "model": {"preset": "tiny", "dtype": "float16"}}, "spec.model.dtype", True),
-    # fp8 rollouts: the built-in engine only, not by disk, with TIS
-    ({"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "algorithm": {"tis": {"enabled": True}},
-      "rollout": {"batchSize": 16, "engine": "sglang"}}, "spec.model.rolloutDtype", True),
+    # fp8 rollouts: not by disk, with TIS
     ({"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"}},
      "spec.algorithm.tis.enabled", True),
     ({"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"},
@@ -424,6 +422,7 @@ ACCEPTED_CASES = [
     {"model": {"preset": "tiny", "dtype": "float16"}},
     # fp8 rollouts into the built-in engine, with TIS, by any transport but disk, either backend
     {"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"}, "algorithm": {"tis": {"enabled": True}}},
+    {"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "sglang"}, "algorithm": {"tis": {"enabled": True}}},
     {**MEGATRON, "model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"}, "algorithm": {"tis": {"enabled": True}}},
     {"model": {"preset": "tiny", "rolloutDtype": "fp8"}, "rollout": {"batchSize": 16, "engine": "builtin"}, "algorithm": {"tis": {"enabled": True}}, "training": {"numRollout": 5, "globalBatchSize": 128, "updateWeightsTransport": "http"}},
     # a CPU job's rollout pod: the built-in engine on no GPUs

@@ -357,12 +357,6 @@ BROKEN = [
     ),
     # fp8 rollouts: what they cannot run with.
     (
-        "fp8-with-sglang",
-        {"spec.model.rolloutDtype": "fp8", "spec.rollout.engine": "sglang", "spec.algorithm.tis.enabled": True},
-        "spec.model.rolloutDtype",
-        "model.rolloutDtype fp8 is served by the built-in engine only (rollout.engine: builtin)",
-    ),
-    (
         "fp8-by-disk",
         {"spec.model.rolloutDtype": "fp8", "spec.rollout.engine": "builtin", "spec.algorithm.tis.enabled": True,
          "spec.training.updateWeightsTransport": "disk"},
