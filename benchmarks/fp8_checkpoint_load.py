@@ -11,14 +11,13 @@ per 128-wide group (the scheme SGLang's fp8 linear method runs). That loader rea
 independent check of its layout (names, scale shapes, quantization_config); its gap to bf16 is what
 fp8 GEMMs add to the weights' own quantization error.
 
-    python benchmarks/fp8_checkpoint_load.py --out benchmarks/results/fp8_checkpoint_load_h200.md \
-        --json benchmarks/results/fp8_checkpoint_load_h200.json
+    python benchmarks/fp8_checkpoint_load.py --out benchmarks/results/fp8_checkpoint_load_h100.md \
+        --json benchmarks/results/fp8_checkpoint_load_h100.json
 Needs a GPU, torch, transformers and safetensors (no ray, no pydantic).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -29,30 +28,16 @@ sys.path.insert(0, str(_HERE))
 sys.path.insert(1, str(_HERE.parent / "runtime"))
 
 from _harness import command_line, write_results  # noqa: E402
-from fp8_rollout_gap import _machine, _response_logprobs, _sample  # noqa: E402
+from fp8_rollout_gap import _machine, _response_logprobs, _sample, sampled_batch_parser  # noqa: E402
 from qwen3_shape import QWEN3_06B, TINY, qwen3_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args = sampled_batch_parser(__doc__.splitlines()[0]).parse_args(argv)
     figures = measure(args)
     command = command_line(__file__, argv)
     write_results(render(figures, command), figures, command, out=args.out, json_path=args.json)
     return 0
-
-
-def _parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tiny-shape", action="store_true", help="the tiny Qwen3 shape (a quick check)")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--response-len", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="Markdown report")
-    parser.add_argument("--json", help="figures as JSON")
-    return parser.parse_args(argv)
 
 
 def measure(args) -> dict:
@@ -90,7 +75,8 @@ def measure(args) -> dict:
         figures["dequantized_load"] = {"missing": sorted(missing), "unexpected": sorted(unexpected)}
         builtin = _response_logprobs(model, sequences, args.prompt_len)
         del model, served, dequantized
-        torch.cuda.empty_cache() if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
         try:
             third_party = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16, device_map=args.device).eval()

@@ -49,7 +49,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = sampled_batch_parser(__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5, help="timed quantizations (default 5, after one warm-up)")
+    return parser.parse_args(argv)
+
+
+def sampled_batch_parser(description: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that scores a batch sampled from a seeded Qwen3-shaped model
+    (`_sample`, `_response_logprobs`): this one and fp8_checkpoint_load.py."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--tiny-shape", action="store_true", help="the tiny Qwen3 shape (a quick CPU check)")
     parser.add_argument("--batch", type=int, default=16, help="sequences in the batch (default 16)")
@@ -57,10 +65,9 @@ def _parse_args(argv):
     parser.add_argument("--response-len", type=int, default=256, help="sampled tokens per sequence (default 256)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeat", type=int, default=5, help="timed quantizations (default 5, after one warm-up)")
     parser.add_argument("--out", help="Markdown report")
     parser.add_argument("--json", help="figures as JSON")
-    return parser.parse_args(argv)
+    return parser
 
 
 def measure(args) -> dict:

@@ -30,6 +30,11 @@ def _metrics(out: Path) -> list[dict]:
     return read_jsonl(out / "metrics.jsonl")
 
 
+def _rollout_metrics(out: Path) -> list[dict]:
+    """The metrics lines of the rollouts (the eval before the first has rollout -1)."""
+    return [m for m in _metrics(out) if m["rollout"] >= 0]
+
+
 def test_grpo_lifts_reward_from_chance_to_above_0_8(tmp_path):
     job = write_local_tiny(
         tmp_path,
@@ -88,7 +93,7 @@ def test_async_mode_overlaps_generation_with_training_one_version_behind_and_sti
     returncode, output = _run(job, out)
     assert returncode == 0, output[-5000:]
 
-    records = [m for m in _metrics(out) if m["rollout"] >= 0]
+    records = _rollout_metrics(out)
     rewards = [m["rollout/raw_reward"] for m in records]
     assert len(rewards) == rollouts
     assert sum(rewards[:3]) / 3 < 0.3 and sum(rewards[-5:]) / 5 > 0.6, rewards
@@ -201,7 +206,7 @@ def test_an_fp8_rollout_syncs_block_quantized_weights_into_the_engine_and_still_
     assert returncode == 0, output[-5000:]
     assert "Traceback" not in output
 
-    records = [m for m in _metrics(out) if m["rollout"] >= 0]
+    records = _rollout_metrics(out)
     rewards = [m["rollout/raw_reward"] for m in records]
     assert len(rewards) == rollouts
     print("fp8 rewards:", [round(r, 2) for r in rewards])
@@ -247,7 +252,7 @@ def test_a_lora_job_syncs_only_its_adapter_and_still_learns(tmp_path):
     assert returncode == 0, output[-5000:]
     assert "Traceback" not in output
 
-    records = [m for m in _metrics(out) if m["rollout"] >= 0]
+    records = _rollout_metrics(out)
     rewards = [m["rollout/raw_reward"] for m in records]
     print("lora rewards:", [round(r, 2) for r in rewards])
     assert len(rewards) == 40 and sum(rewards[:3]) / 3 < 0.3 and sum(rewards[-5:]) / 5 > 0.6, rewards
