@@ -9,8 +9,9 @@ RayJob layout (ray.io/v1, K8sJobMode):
 - head: CPU only (`num-gpus: 0`), trainer image; runs the entrypoint `rlkube run /etc/rlkube/rljob.yaml`
   (the Ray job driver), so it mounts the spec and uses the runtime ServiceAccount.
 - separate placement: worker group `trainer` (nodes pods x gpusPerNode GPUs, Ray resource
-  `rlkube_trainer`) and worker group `rollout` (rollout.gpus split into pods of whole engines,
-  Ray resources `rlkube_rollout` and `rlkube_router`), so trainer ranks and engines land on their
+  `rlkube_trainer`) and worker group `rollout` (rollout.gpus split into pods of whole engines, or
+  one pod per node of an engine over rollout.nodesPerEngine nodes; Ray resources `rlkube_rollout`
+  and `rlkube_router`), so trainer ranks and engines land on their
   own pods by asking for those resources.
 - colocated placement: one GPU worker group `trainer` carrying all three Ray resources; the trainer
   image also has SGLang.
@@ -386,7 +387,7 @@ def worker_groups(spec: RLJobSpec, settings: OperatorSettings) -> list[WorkerGro
         # One group carries trainer ranks, engines and the router alike.
         return [trainer_group({TRAINER_RESOURCE: trainer_units, ROLLOUT_RESOURCE: trainer_units, ROUTER_RESOURCE: 1})]
     rollout = res.rollout
-    replicas, per_pod = rollout_pods(rollout.gpus, gpe)
+    replicas, per_pod = rollout_pods(rollout.gpus, gpe, spec.rollout.nodes_per_engine)
     return [
         trainer_group({TRAINER_RESOURCE: trainer_units}),
         WorkerGroup(
@@ -400,9 +401,10 @@ def worker_groups(spec: RLJobSpec, settings: OperatorSettings) -> list[WorkerGro
     ]
 
 
-def rollout_pods(gpus: int, gpus_per_engine: int) -> tuple[int, int]:
+def rollout_pods(gpus: int, gpus_per_engine: int, nodes_per_engine: int = 1) -> tuple[int, int]:
     """(pods, GPUs per pod) for `gpus` rollout GPUs: the fewest pods of whole engines, each of at
-    most MAX_GPUS_PER_ROLLOUT_POD GPUs. No GPUs: one CPU pod (the built-in engine runs on CPU)."""
+    most MAX_GPUS_PER_ROLLOUT_POD GPUs; an engine over `nodes_per_engine` nodes has a pod per node,
+    each of gpus_per_engine / nodes_per_engine GPUs. No GPUs: one CPU pod (the built-in engine runs on CPU)."""
     if gpus == 0:
         return 1, 0
     if gpus % gpus_per_engine:
@@ -411,11 +413,21 @@ def rollout_pods(gpus: int, gpus_per_engine: int) -> tuple[int, int]:
             f"resources.rollout.gpus({gpus}) cannot be split into engines of gpusPerEngine({gpus_per_engine}) "
             "GPUs; make rollout.gpus a multiple of gpusPerEngine",
         )
+    if nodes_per_engine > 1:
+        per_node = gpus_per_engine // nodes_per_engine
+        if per_node > MAX_GPUS_PER_ROLLOUT_POD:
+            raise RenderError(
+                "spec.rollout.nodesPerEngine",
+                f"engines of gpusPerEngine({gpus_per_engine}) GPUs over nodesPerEngine({nodes_per_engine}) nodes "
+                f"need {per_node} GPUs per pod, more than a rollout pod holds ({MAX_GPUS_PER_ROLLOUT_POD}); "
+                "raise nodesPerEngine",
+            )
+        return gpus // per_node, per_node
     if gpus_per_engine > MAX_GPUS_PER_ROLLOUT_POD:
         raise RenderError(
             "spec.rollout.gpusPerEngine",
-            f"engines of {gpus_per_engine} GPUs span several pods, which rlkube does not support yet "
-            f"(at most {MAX_GPUS_PER_ROLLOUT_POD} GPUs per engine)",
+            f"engines of {gpus_per_engine} GPUs span several pods (a rollout pod holds at most "
+            f"{MAX_GPUS_PER_ROLLOUT_POD} GPUs): set rollout.nodesPerEngine to the pods each engine spans",
         )
     per_pod = max(
         d for d in range(gpus_per_engine, MAX_GPUS_PER_ROLLOUT_POD + 1, gpus_per_engine) if gpus % d == 0

@@ -3,7 +3,8 @@
 Pure: the same spec and the same visible devices always give the same plan, so the operator's
 rendering (how many GPUs each pod asks for) and the runtime's placement agree by construction.
 
-- separate:  trainer ranks own `nodes x gpusPerNode` GPUs; engines own `rollout.gpus` others.
+- separate:  trainer ranks own `nodes x gpusPerNode` GPUs; engines own `rollout.gpus` others, an
+             engine over `rollout.nodesPerEngine` nodes a bundle per node (one SGLang server each).
 - colocated: engines share the trainer's GPUs; the trainer and the engines release memory in turn.
 On a machine without GPUs (the embedded default) the job runs one trainer rank and one engine,
 each with a share of the CPUs, whatever the GPU counts in the spec say. A cluster of CPU pods
@@ -35,6 +36,9 @@ class Topology:
     bundles: tuple[dict[str, float], ...]
     trainer_bundles: tuple[int, ...]
     engine_bundles: tuple[int, ...]
+    # Engine j's bundle per node, node 0 (engine_bundles[j], the one serving HTTP) first; one each
+    # unless an engine spans nodes.
+    engine_node_bundles: tuple[tuple[int, ...], ...]
     # Resources each actor asks for inside its bundle.
     trainer_actor_resources: dict[str, float]
     engine_actor_resources: dict[str, float]
@@ -50,6 +54,7 @@ def plan_topology(
     visible_gpus: int,
     cpus: int,
     pod_resources: bool = False,
+    nodes_per_engine: int = 1,
 ) -> Topology:
     if visible_gpus == 0:
         if pod_resources:
@@ -76,25 +81,35 @@ def plan_topology(
             f"spec.resources: the job needs {needed} GPUs ({placement} placement) but Ray sees {visible_gpus}"
         )
     num_engines = engine_gpus // gpus_per_engine
+    if nodes_per_engine > 1 and (placement == "colocated" or gpus_per_engine % nodes_per_engine):
+        raise ValueError(
+            f"spec.rollout.nodesPerEngine({nodes_per_engine}): an engine spans nodes only in separate placement and "
+            f"with gpusPerEngine({gpus_per_engine}) a multiple of it"
+        )
     trainer_tag = {TRAINER_RESOURCE: 1.0} if pod_resources else {}
     if placement == "colocated":
         bundles = tuple({"GPU": 1.0, "CPU": 1.0, **trainer_tag} for _ in range(trainer_gpus))
         trainer_bundles = tuple(range(trainer_gpus))
         engine_bundles = tuple(j * gpus_per_engine for j in range(num_engines))
+        node_bundles = tuple((b,) for b in engine_bundles)
         # Fractions so a trainer rank and an engine fit on the same GPU bundle.
         trainer_res = {"GPU": 0.4, "CPU": 0.4}
         engine_res = {"GPU": 0.2, "CPU": 0.2}
     else:
-        rollout_tag = {ROLLOUT_RESOURCE: float(gpus_per_engine)} if pod_resources else {}
+        per_node = gpus_per_engine // nodes_per_engine
+        rollout_tag = {ROLLOUT_RESOURCE: float(per_node)} if pod_resources else {}
         bundles = tuple({"GPU": 1.0, "CPU": 1.0, **trainer_tag} for _ in range(trainer_gpus)) + tuple(
-            {"GPU": float(gpus_per_engine), "CPU": 1.0, **rollout_tag} for _ in range(num_engines)
+            {"GPU": float(per_node), "CPU": 1.0, **rollout_tag} for _ in range(num_engines * nodes_per_engine)
         )
         trainer_bundles = tuple(range(trainer_gpus))
-        engine_bundles = tuple(trainer_gpus + j for j in range(num_engines))
+        node_bundles = tuple(
+            tuple(trainer_gpus + j * nodes_per_engine + k for k in range(nodes_per_engine)) for j in range(num_engines)
+        )
+        engine_bundles = tuple(nodes[0] for nodes in node_bundles)
         trainer_res = {"GPU": 1.0, "CPU": 1.0}
         # The engine actor only launches the SGLang server process; the server takes the GPUs
         # of its bundle through CUDA_VISIBLE_DEVICES.
-        engine_res = {"GPU": float(gpus_per_engine), "CPU": 1.0}
+        engine_res = {"GPU": float(per_node), "CPU": 1.0}
     return Topology(
         device="cuda",
         placement=placement,
@@ -104,6 +119,7 @@ def plan_topology(
         bundles=bundles,
         trainer_bundles=trainer_bundles,
         engine_bundles=engine_bundles,
+        engine_node_bundles=node_bundles,
         trainer_actor_resources=trainer_res,
         engine_actor_resources=engine_res,
     )
@@ -128,6 +144,7 @@ def _cpu_pod_plan(placement: str, trainer_nodes: int, rollout_engines: int) -> T
         bundles=bundles,
         trainer_bundles=tuple(range(trainer_nodes)),
         engine_bundles=engine_bundles,
+        engine_node_bundles=tuple((b,) for b in engine_bundles),
         trainer_actor_resources={"CPU": 0.5},
         engine_actor_resources={"CPU": 0.5},
     )
@@ -155,6 +172,7 @@ def _cpu_plan(placement: str, cpus: int) -> Topology:
         bundles=bundles,
         trainer_bundles=(0,),
         engine_bundles=engine_bundles,
+        engine_node_bundles=tuple((b,) for b in engine_bundles),
         trainer_actor_resources=trainer_res,
         engine_actor_resources=engine_res,
     )

@@ -247,9 +247,10 @@ def test_fields_a_running_job_depends_on_cannot_change_but_others_can(crd_instal
         ("ref-no-kl", {"training": {"refUpdateInterval": 2}}, "spec.training.refUpdateInterval"),
         ("kwargs-no-template", {"data": {"chatTemplateKwargs": {"enable_thinking": False}}},
          "spec.data.chatTemplateKwargs"),
+        ("multi-node-coloc", {"rollout": {"gpusPerEngine": 2, "nodesPerEngine": 2}}, "spec.rollout.nodesPerEngine"),
     ],
     ids=["name-too-long", "gpus-not-whole-engines", "rollout-pods-when-colocated", "ref-update-without-kl",
-         "chat-template-kwargs-without-the-template"],
+         "chat-template-kwargs-without-the-template", "engine-over-nodes-when-colocated"],
 )
 def test_the_api_server_refuses_a_spec_its_crd_rules_cover(operator, ns, tmp_path, name, spec, field):
     proc = apply_file(operator.cp, tmp_path / "bad.yaml", rljob_yaml(name, **spec), ns)

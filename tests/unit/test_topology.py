@@ -72,3 +72,22 @@ def test_cpu_pods_get_one_rank_per_trainer_pod_and_the_specs_engines():
     assert t.engine_bundles == (2, 3)
     colocated = plan(visible_gpus=0, pod_resources=True, trainer_nodes=2, placement="colocated")
     assert colocated.engine_bundles == colocated.trainer_bundles == (0, 1)
+
+
+def test_an_engine_over_two_nodes_gets_a_bundle_per_node_of_its_share_of_gpus():
+    t = plan(rollout_gpus=32, gpus_per_engine=16, nodes_per_engine=2, visible_gpus=36, pod_resources=True)
+    assert t.num_engines == 2 and t.gpus_per_engine == 16
+    assert t.engine_node_bundles == ((4, 5), (6, 7)) and t.engine_bundles == (4, 6)
+    assert [b["GPU"] for b in t.bundles] == [1, 1, 1, 1, 8, 8, 8, 8]
+    assert all(b["rlkube_rollout"] == 8 for b in t.bundles[4:])
+    assert t.engine_actor_resources["GPU"] == 8
+
+
+def test_single_node_engines_have_one_bundle_each():
+    assert plan().engine_node_bundles == ((4,), (5,))
+    assert plan(placement="colocated", trainer_gpus_per_node=8, rollout_gpus=0).engine_node_bundles == ((0,), (2,), (4,), (6,))
+
+
+def test_an_engine_cannot_span_nodes_when_colocated():
+    with pytest.raises(ValueError, match="nodesPerEngine"):
+        plan(placement="colocated", trainer_gpus_per_node=8, rollout_gpus=0, gpus_per_engine=4, nodes_per_engine=2)

@@ -2,7 +2,8 @@
 
 The actor exists for placement: Ray puts it in the engine's bundle, so the server it starts (a
 SGLang server or the built-in engine) runs on that pod with that bundle's GPUs. Restarting an
-engine is killing the process and starting a new one here, on a fresh port.
+engine is killing the process and starting a new one here, on a fresh port. An engine over
+several nodes has one actor per node, each running that node's SGLang server (actors/engine_group.py).
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rlkube_runtime.serving.sglang_args import EngineNode
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.weight_sync.plan import engine_dtype, rollout_quantization
 
 
 def engine_actor_options(
     spec: RLJobSpec, index: int, *, model_path: str, log_dir: str, device: str, gpu_ids: tuple[int, ...] = (),
-    fp8_model_dir: str | None = None,
+    fp8_model_dir: str | None = None, node_rank: int = 0,
 ) -> dict[str, Any]:
-    """The `EngineActor` arguments of engine `index` of a job, read from its spec in one place:
+    """The `EngineActor` arguments of engine `index` of a job (of its node `node_rank` when the
+    engine spans rollout.nodesPerEngine nodes), read from its spec in one place:
     the rollout manager starts its engines with them, and the README's and the conformance
     test's SGLang lines come from them too, so those show what production runs. `fp8_model_dir`:
     where an fp8 rollout's engines find (the first to start writes) their block-fp8 checkpoint."""
@@ -31,10 +34,10 @@ def engine_actor_options(
         "engine": rollout.engine,
         "model_path": model_path,
         "log_dir": log_dir,
-        "name": f"engine-{index}",
+        "name": f"engine-{index}" if node_rank == 0 else f"engine-{index}-node-{node_rank}",
         "seed": spec.training.seed + index,  # each engine its own sampling streams, as slime's seed + rank
         "device": device,
-        "gpus_per_engine": rollout.gpus_per_engine,
+        "gpus_per_engine": rollout.gpus_per_engine,  # the tensor-parallel size, over all of its nodes
         "dtype": engine_dtype(spec.model.dtype, device),
         "colocated": spec.resources.placement == "colocated",
         "trust_remote_code": spec.model.trust_remote_code,
@@ -96,8 +99,9 @@ class EngineActor:
         self._process = None
         self._restarts = 0
 
-    def launch_options(self) -> dict[str, Any]:
-        """The `start_engine` arguments of this engine's next start (no process is started)."""
+    def launch_options(self, node: EngineNode = EngineNode()) -> dict[str, Any]:
+        """The `start_engine` arguments of this engine's next start (no process is started), as
+        `node` of its engine (the default: an engine of one node)."""
         from rlkube_runtime.serving.launch import node_ip
 
         engine_args: dict[str, Any] = {}
@@ -123,6 +127,7 @@ class EngineActor:
             "return_routed_experts": self.return_routed_experts,
             "lora_rank": self.lora_rank,
             "lora_target_modules": self.lora_target_modules,
+            "node": node,
         }
 
     @property
@@ -131,20 +136,35 @@ class EngineActor:
         built-in engine both read its quantization from its config.json), else the model."""
         return self.fp8_model_dir if self.quantization == "fp8" else self.model_path
 
-    def start(self) -> str:
+    def start(self, node: EngineNode = EngineNode()) -> str:
+        """Start the engine's process (as `node` of a multi-node engine) and return its URL once
+        it is ready: the engine's for node 0, a health-only one for the other nodes."""
         from rlkube_runtime.serving.launch import start_engine
 
         if self.quantization == "fp8":
             from rlkube_runtime.fp8_checkpoint import write_fp8_checkpoint
 
             write_fp8_checkpoint(self.model_path, self.fp8_model_dir)  # kept when already made from it
-        self._process = start_engine(**self.launch_options())
+        self._process = start_engine(**self.launch_options(node))
         return self._process.url
 
-    def restart(self) -> str:
+    def restart(self, node: EngineNode = EngineNode()) -> str:
         self.stop()
         self._restarts += 1
-        return self.start()
+        return self.start(node)
+
+    def dist_init_address(self) -> str:
+        """`host:port` where the nodes of this actor's engine meet (SGLang's --dist-init-addr):
+        this node's IP and a port free on it; asked of node 0 before each start of the engine."""
+        from rlkube_runtime.serving.launch import free_port, node_ip
+
+        host = self.host or node_ip()
+        return f"{host}:{free_port(host)}"
+
+    def alive(self) -> bool:
+        """Whether the engine process is running (a node other than 0 has no health check of its
+        own that covers the engine; its process ending means the engine is broken)."""
+        return self._process is not None and self._process.alive()
 
     def stop(self) -> None:
         if self._process is not None:

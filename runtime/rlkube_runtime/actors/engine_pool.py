@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rlkube_runtime.actors.engine import EngineActor, engine_actor_options
+from rlkube_runtime.actors.engine_group import EngineGroup
 from rlkube_runtime.serving.client import engine_unreachable
 from rlkube_runtime.spec import RLJobSpec
 from rlkube_runtime.weight_sync.coordinator import SyncReport, pause, resume_and_check, run_sync, sync_engines
@@ -44,8 +45,9 @@ class PoolConfig:
 
     model_path: the HF directory every engine starts from. log_dir: engine logs and the
     replacement journal. placement_group / engine_bundles: the Ray placement group and engine
-    j's bundle in it (None: no placement group, one engine). engine_resources: each engine
-    actor's Ray resources. device: "cpu" or "cuda". engine_gpu_ids: per engine, the GPU ids it
+    j's bundle in it (None: no placement group, one engine); engine_node_bundles: engine j's
+    bundle per node when engines span nodes (node 0's first; empty: one node each).
+    engine_resources: each engine (node) actor's Ray resources. device: "cpu" or "cuda". engine_gpu_ids: per engine, the GPU ids it
     is handed (a colocated engine over several GPUs); empty: what Ray gives its actor.
     fp8_model_dir: an fp8 rollout's block-fp8 copy of the model, which the engines start from.
     """
@@ -54,6 +56,7 @@ class PoolConfig:
     log_dir: str
     placement_group: Any = None
     engine_bundles: tuple[int | None, ...] = (None,)
+    engine_node_bundles: tuple[tuple[int, ...], ...] = ()
     engine_resources: Mapping[str, float] = field(default_factory=dict)
     device: str = "cpu"
     engine_gpu_ids: tuple[tuple[int, ...], ...] = ()
@@ -68,7 +71,7 @@ class EnginePool:
         self.config = config
         self.model_path = config.model_path
         self.log_dir = config.log_dir
-        self._engines: list[Any] = []  # EngineActor handles
+        self._engines: list[EngineGroup] = []  # each engine's node actors
         self._urls: list[str] = []
         self._router = None
         self._admins: dict[str, Any] = {}  # engine URL -> its EngineAdmin, kept for the run
@@ -91,7 +94,7 @@ class EnginePool:
         the longest to start (each imports torch and loads the model): the caller gets the rest
         of the job ready meanwhile, and `start_router` starts the router beside them."""
         self._engines = self._create_engines()
-        return asyncio.gather(*(engine.start.remote() for engine in self._engines))
+        return asyncio.gather(*(engine.start() for engine in self._engines))
 
     async def start_router(self, engine_urls: Awaitable[list[str]]) -> str:
         """The real sglang-router in front of the engines, and the health watch; returns its URL.
@@ -126,7 +129,7 @@ class EnginePool:
             await admin.close()
         await asyncio.to_thread(self._deregister_engines)
         # The engines and the router stop independently: at the same time.
-        engines_stopped = asyncio.gather(*(e.stop.remote() for e in self._engines), return_exceptions=True)
+        engines_stopped = asyncio.gather(*(e.stop() for e in self._engines), return_exceptions=True)
         if self._router is not None:
             await asyncio.to_thread(self._router.stop)
         await engines_stopped
@@ -143,19 +146,26 @@ class EnginePool:
             except (OSError, RuntimeError) as err:  # URLError is an OSError; RuntimeError: a non-2xx answer
                 log.warning("could not deregister engine %s from the router at shutdown: %s", url, err)
 
-    def _create_engines(self) -> list[Any]:
-        """One EngineActor per engine bundle (not started yet)."""
-        return [self._create_engine(j) for j in range(len(self.config.engine_bundles))]
+    def _create_engines(self) -> list[EngineGroup]:
+        """One EngineGroup per engine (not started yet): an actor per node of the engine."""
+        return [
+            EngineGroup(j, len(self._node_bundles(j)), lambda k, j=j: self._create_engine(j, k))
+            for j in range(len(self.config.engine_bundles))
+        ]
 
-    def _create_engine(self, j: int) -> Any:
-        """Engine j's EngineActor in its bundle, its arguments read from the spec by
-        `engine_actor_options` (seed = training.seed + the engine's index). Also for an engine
-        whose actor died with its pod: Ray places the bundle again on the pod that replaces it."""
+    def _node_bundles(self, j: int) -> tuple[int | None, ...]:
+        bundles = self.config.engine_node_bundles
+        return tuple(bundles[j]) if j < len(bundles) else (self.config.engine_bundles[j],)
+
+    def _create_engine(self, j: int, node_rank: int = 0) -> Any:
+        """Node `node_rank` of engine j: an EngineActor in its bundle, its arguments read from the
+        spec by `engine_actor_options` (seed = training.seed + the engine's index). Also for a
+        node whose actor died with its pod: Ray places the bundle again on the pod that replaces it."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         config = self.config
-        bundle = config.engine_bundles[j]
+        bundle = self._node_bundles(j)[node_rank]
         options: dict[str, Any] = {
             "num_cpus": config.engine_resources.get("CPU", 0),
             "num_gpus": config.engine_resources.get("GPU", 0),
@@ -167,7 +177,7 @@ class EnginePool:
         gpus = config.engine_gpu_ids[j] if j < len(config.engine_gpu_ids) else ()
         arguments = engine_actor_options(
             self.spec, j, model_path=config.model_path, log_dir=config.log_dir, device=config.device, gpu_ids=gpus,
-            fp8_model_dir=config.fp8_model_dir,
+            fp8_model_dir=config.fp8_model_dir, node_rank=node_rank,
         )
         return ray.remote(EngineActor).options(**options).remote(**arguments)
 
@@ -272,7 +282,8 @@ class EnginePool:
             for j, url in enumerate(list(self._urls)):
                 admin = EngineAdmin(url, timeout=check.timeout_seconds)
                 try:
-                    healthy = await admin.health_generate()
+                    # Node 0 answers for the engine; the process of each of its other nodes must run too.
+                    healthy = await admin.health_generate() and await self._engines[j].nodes_alive()
                 except Exception as err:  # a dead engine fails in many ways; all mean "replace it"
                     log.warning("engine %s failed its health check: %s", url, err)
                     healthy = False
@@ -329,16 +340,9 @@ class EnginePool:
         })
 
     async def _restarted(self, j: int) -> str:
-        """Engine j started again by its actor; when the actor died (its pod or Ray node is gone),
-        by a new actor in the same bundle, which waits for the pod that replaces it."""
-        from ray.exceptions import RayActorError
-
-        try:
-            return await self._engines[j].restart.remote()
-        except RayActorError as err:
-            log.warning("engine %d: its actor is gone (%s); starting a new one in its bundle", j, type(err).__name__)
-            self._engines[j] = self._create_engine(j)
-            return await self._engines[j].start.remote()
+        """Engine j started again: all of its nodes, by their actors or, for one whose actor died
+        (its pod or Ray node is gone), by a new actor in the same bundle (EngineGroup.restart)."""
+        return await self._engines[j].restart()
 
     def _journal_replacement(self, record: dict[str, Any]) -> None:
         """One line per replaced engine in `<log dir>/engine_restarts.jsonl`: which engine, the

@@ -121,6 +121,7 @@ def _plan_topology(spec):
         visible_gpus=int(resources.get("GPU", 0)),
         cpus=int(resources.get("CPU", 1)),
         pod_resources=TRAINER_RESOURCE in resources,
+        nodes_per_engine=spec.rollout.nodes_per_engine,
     )
 
 
@@ -168,6 +169,7 @@ def _start_actors(plan: RunPlan, topology, sync):
         log_dir=str(plan.output_dir / "logs"),
         placement_group=group,
         engine_bundles=tuple(topology.engine_bundles),
+        engine_node_bundles=tuple(topology.engine_node_bundles),
         engine_resources=dict(topology.engine_actor_resources),
         device=topology.device,
         engine_gpu_ids=tuple(engine_gpus or ()),

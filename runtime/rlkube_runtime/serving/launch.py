@@ -176,6 +176,12 @@ class EngineProcess(ManagedProcess):
         SGLang refuses while any request, that health check included, is still in the scheduler;
         the engine then starts with an empty cache and an idle scheduler."""
         what = f"engine {self.spec.name!r} ({self.spec.kind})"
+        if self.spec.node.node_rank > 0:
+            # SGLang's other nodes run no tokenizer and serve no generation: once their schedulers
+            # are up (they wait for every node of the engine) each serves a health-only server
+            # on its port (launch_dummy_health_check_server), and node 0 answers for the engine.
+            self.wait_until_ready(self.url, "/health", self.spec.startup_timeout_s, what, request_timeout_s=30.0)
+            return self
         deadline = time.monotonic() + self.spec.startup_timeout_s
         # A generation can take seconds on a loaded GPU: a short per-request timeout would only
         # make the poll give up on answers that were coming.
@@ -245,6 +251,8 @@ def builtin_engine_command(spec: EngineLaunchSpec, port: int) -> list[str]:
         )
     if spec.tp_size != 1:
         raise ValueError(f"tp_size={spec.tp_size}: the built-in engine runs on one device; use kind='sglang' for tensor parallelism")
+    if spec.node.nnodes != 1:
+        raise ValueError(f"nnodes={spec.node.nnodes}: the built-in engine runs on one device; use kind='sglang' for an engine over several nodes")
     device = "cuda" if spec.device.startswith("cuda") and spec.gpu_ids else spec.device
     base = [sys.executable, "-m", "rlkube_runtime.engine", "--model-path", spec.model_path, "--host", spec.host,
             "--port", str(port), "--seed", str(spec.seed), "--device", device]
@@ -306,6 +314,7 @@ def start_engine(
     return_routed_experts: bool = False,
     lora_rank: int | None = None,
     lora_target_modules: Sequence[str] = (),
+    node: EngineNode = EngineNode(),  # which node of a multi-node SGLang engine this process is
 ) -> EngineProcess:
     """Start one engine and return once it is ready (`EngineProcess.wait_ready`).
 

@@ -126,27 +126,15 @@ def lora_flags(rank: int | None, target_modules: Sequence[str]) -> dict[str, Arg
     return {"enable-lora": True, "max-lora-rank": rank, "lora-target-modules": list(target_modules)}
 
 
-def engine_nodes(gpus_per_engine: int, gpus_per_node: int, *, head_address: str, dist_port: int) -> list[EngineNode]:
-    """One `EngineNode` per node of an engine of `gpus_per_engine` GPUs on nodes (pods) of
-    `gpus_per_node` GPUs: a single node when it fits, else whole nodes meeting at node 0.
-
-    `head_address` is node 0's IP and `dist_port` a free port there (SGLang's torch.distributed
-    rendezvous). Raises ValueError naming spec.rollout.gpusPerEngine when the engine does not fill
-    whole nodes (SGLang spreads tp ranks evenly over nnodes).
-    """
-    if gpus_per_engine < 1 or gpus_per_node < 1:
-        raise ValueError(f"spec.rollout.gpusPerEngine({gpus_per_engine}) and the GPUs per rollout pod ({gpus_per_node}) "
-                         "must both be at least 1")
-    if gpus_per_engine <= gpus_per_node:
+def engine_nodes(nnodes: int, dist_init_addr: str) -> list[EngineNode]:
+    """One `EngineNode` per node of an engine over `nnodes` nodes (spec.rollout.nodesPerEngine),
+    meeting at `dist_init_addr` (node 0's IP and a free port there: SGLang's torch.distributed
+    rendezvous); a single node without multi-node flags when `nnodes` is 1."""
+    if nnodes < 1:
+        raise ValueError(f"spec.rollout.nodesPerEngine must be at least 1, got {nnodes}")
+    if nnodes == 1:
         return [EngineNode()]
-    if gpus_per_engine % gpus_per_node:
-        raise ValueError(
-            f"spec.rollout.gpusPerEngine({gpus_per_engine}) spans several rollout pods of {gpus_per_node} GPUs, so it "
-            f"must be a multiple of {gpus_per_node} (an engine fills whole pods)"
-        )
-    nnodes = gpus_per_engine // gpus_per_node
-    address = f"{head_address}:{dist_port}"
-    return [EngineNode(nnodes=nnodes, node_rank=rank, dist_init_addr=address) for rank in range(nnodes)]
+    return [EngineNode(nnodes=nnodes, node_rank=rank, dist_init_addr=dist_init_addr) for rank in range(nnodes)]
 
 
 def cli_flags(args: Mapping[str, ArgValue]) -> list[str]:

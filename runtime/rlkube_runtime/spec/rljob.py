@@ -66,6 +66,17 @@ ENGINE_GPUS_RULE = {
     + "'.format([self.resources.rollout.gpus, self.rollout.gpusPerEngine])",
     "fieldPath": ".resources.rollout.gpus",
 }
+_MULTI_NODE_COLOCATED = (
+    "rollout.nodesPerEngine({nodes}) spreads each engine over rollout pods of its own, but resources.placement "
+    "colocated runs the engines in the trainer pods on their GPUs: set resources.placement: separate, or "
+    "rollout.nodesPerEngine: 1"
+)
+MULTI_NODE_PLACEMENT_RULE = {
+    "rule": "!has(self.rollout.nodesPerEngine) || self.rollout.nodesPerEngine == 1 || !has(self.resources) || "
+    "self.resources.placement != 'colocated'",
+    "messageExpression": "'" + _MULTI_NODE_COLOCATED.format(nodes="%d") + "'.format([self.rollout.nodesPerEngine])",
+    "fieldPath": ".rollout.nodesPerEngine",
+}
 _REF_UPDATE_NEEDS_KL = (
     "training.refUpdateInterval(%d) refreshes the reference model, which only a KL term uses; set "
     "algorithm.useKlLoss (or klCoef with reinforce_plus_plus, reinforce_plus_plus_baseline or ppo), or remove "
@@ -132,7 +143,7 @@ class RLJobSpec(SpecModel):
     """
 
     model_config = cel_rules(BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE,
-                             REF_UPDATE_RULE, STALENESS_BUFFER_RULE, *FP8_RULES, *BACKEND_RULES)
+                             MULTI_NODE_PLACEMENT_RULE, REF_UPDATE_RULE, STALENESS_BUFFER_RULE, *FP8_RULES, *BACKEND_RULES)
 
     model: ModelSpec = Field(
         description="Policy model: starting weights, checkpoint directories, precision. Required; fixed after creation.",
@@ -201,6 +212,8 @@ class RLJobSpec(SpecModel):
         whole_engines = self.rollout.engine == "builtin" if gpus == 0 else gpus >= per_engine and not gpus % per_engine
         if self.resources.placement == "separate" and not whole_engines:
             violations.append(("resources.rollout.gpus", _ENGINE_GPUS.format(gpus=gpus, per_engine=per_engine)))
+        if self.rollout.nodes_per_engine > 1 and self.resources.placement == "colocated":
+            violations.append(("rollout.nodesPerEngine", _MULTI_NODE_COLOCATED.format(nodes=self.rollout.nodes_per_engine)))
         every = self.training.ref_update_interval
         if every is not None and not self.algorithm.needs_reference_model:
             violations.append(("training.refUpdateInterval", _REF_UPDATE_NEEDS_KL % every))

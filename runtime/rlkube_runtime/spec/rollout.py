@@ -19,7 +19,7 @@ MANAGED_SGLANG_FLAGS = {
     "port": "a free port on the pod (chosen by rlkube)",
     "nccl-port": "a free port on the pod (chosen by rlkube)",
     "tp-size": "spec.rollout.gpusPerEngine",
-    "nnodes": "spec.rollout.gpusPerEngine and the GPUs of one rollout pod",
+    "nnodes": "spec.rollout.nodesPerEngine",
     "node-rank": "the node's place in its engine (chosen by rlkube)",
     "dist-init-addr": "the first node of the engine (chosen by rlkube)",
     "base-gpu-id": "the GPUs Ray gave the engine (CUDA_VISIBLE_DEVICES)",
@@ -48,6 +48,11 @@ _BUILTIN_ONE_GPU = (
     "the built-in engine runs on one device, so gpusPerEngine must be 1 with engine builtin; use engine: sglang "
     "for tensor-parallel engines"
 )
+# The built-in engine needs no rule of its own: it takes gpusPerEngine 1, which no nodesPerEngine > 1 divides.
+_NODES_SPLIT_GPUS = (
+    "gpusPerEngine({gpus}) must split evenly over nodesPerEngine({nodes}) pods: SGLang spreads the "
+    "tensor-parallel ranks of an engine evenly over its nodes"  # no apostrophe: a CEL string literal
+)
 # SGLang's own spellings of two of them.
 _SGLANG_FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "nccl-init-addr": "dist-init-addr"}
 
@@ -75,6 +80,12 @@ class RolloutSpec(SpecModel):
             "rule": "!has(self.engine) || self.engine != 'builtin' || !has(self.gpusPerEngine) || self.gpusPerEngine == 1",
             "message": _BUILTIN_ONE_GPU,
             "fieldPath": ".gpusPerEngine",
+        },
+        {
+            "rule": "!has(self.nodesPerEngine) || (has(self.gpusPerEngine) ? self.gpusPerEngine : 1) % self.nodesPerEngine == 0",
+            "messageExpression": "'" + _NODES_SPLIT_GPUS.format(gpus="%d", nodes="%d")
+            + "'.format([has(self.gpusPerEngine) ? self.gpusPerEngine : 1, self.nodesPerEngine])",
+            "fieldPath": ".nodesPerEngine",
         },
         {
             "rule": "!has(self.maskOffPolicyInPartialRollout) || !self.maskOffPolicyInPartialRollout || "
@@ -158,6 +169,14 @@ class RolloutSpec(SpecModel):
     gpus_per_engine: int = Field(
         default=1, ge=1, description="GPUs per rollout engine (its tensor-parallel size). Default 1, >= 1."
     )
+    nodes_per_engine: int = Field(
+        default=1,
+        ge=1,
+        description="Pods (nodes) one engine spans, for a model larger than one node: each of the engine's pods "
+        "holds gpusPerEngine / nodesPerEngine GPUs and runs one SGLang server of the group (--nnodes, --node-rank, "
+        "--dist-init-addr), node 0 serving HTTP for the whole engine; the router knows only node 0, and a failed "
+        "node restarts its whole engine. SGLang only, separate placement only. Default 1, >= 1.",
+    )
     sglang_args: ScalarMap = Field(
         default_factory=dict,
         description="Extra SGLang server arguments, passed as --<key> <value> (true -> a bare flag), e.g. "
@@ -173,6 +192,11 @@ class RolloutSpec(SpecModel):
         """Prompts requested per generation round: overSamplingBatchSize, or batchSize when unset."""
         return self.over_sampling_batch_size if self.over_sampling_batch_size is not None else self.batch_size
 
+    @property
+    def gpus_per_engine_node(self) -> int:
+        """The GPUs of each pod of an engine: gpusPerEngine / nodesPerEngine."""
+        return self.gpus_per_engine // self.nodes_per_engine
+
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "RolloutSpec":
         violations = []
@@ -186,6 +210,8 @@ class RolloutSpec(SpecModel):
             violations.append(("topK", "topK must be -1 (disabled) or at least 1, got 0"))
         if self.engine == "builtin" and self.gpus_per_engine != 1:
             violations.append(("gpusPerEngine", _BUILTIN_ONE_GPU))
+        if self.gpus_per_engine % self.nodes_per_engine:
+            violations.append(("nodesPerEngine", _NODES_SPLIT_GPUS.format(gpus=self.gpus_per_engine, nodes=self.nodes_per_engine)))
         if self.mask_off_policy_in_partial_rollout and not self.partial_rollout:
             violations.append(("maskOffPolicyInPartialRollout", _MASK_NEEDS_PARTIAL))
         if self.max_staleness is not None and not self.partial_rollout:

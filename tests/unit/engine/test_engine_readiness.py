@@ -96,3 +96,33 @@ def test_an_engine_whose_port_another_program_took_starts_again_on_a_free_one(tm
         squatter.wait()
     # The first engine said why it stopped; its log is the one the retry reused.
     assert "address already in use" in (tmp_path / "e.log").read_text().lower()
+
+
+# SGLang's node_rank >= 1 process: once its schedulers are up it serves only this (engine.py,
+# `launch_dummy_health_check_server`), no /flush_cache and no generation.
+SGLANG_NODE = r"""
+import sys, time
+from sglang.srt.utils.common import launch_dummy_health_check_server
+launch_dummy_health_check_server("127.0.0.1", int(sys.argv[1]), False)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_node_other_than_0_of_a_multi_node_engine_is_ready_when_sglangs_health_only_server_answers(tmp_path):
+    from sglang_testutil import require_pinned_sglang
+
+    from rlkube_runtime.serving.sglang_args import EngineNode
+
+    require_pinned_sglang()
+    port = free_port()
+    spec = EngineLaunchSpec(kind="sglang", model_path="/unused", log_dir=str(tmp_path), name="node-1",
+                            startup_timeout_s=60, tp_size=16, node=EngineNode(2, 1, "127.0.0.1:29600"))
+    engine = EngineProcess.__new__(EngineProcess)
+    engine.spec, engine.port, engine.nccl_port, engine.url = spec, port, None, f"http://127.0.0.1:{port}"
+    ManagedProcess.__init__(engine, [sys.executable, "-c", SGLANG_NODE, str(port)], log_path=tmp_path / "node.log")
+    try:
+        assert engine.wait_ready() is engine  # node 0's readiness (/flush_cache) would never come
+        assert engine.alive()
+    finally:
+        engine.stop()

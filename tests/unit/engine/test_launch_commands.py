@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from rlkube_runtime.serving.sglang_args import EngineNode
 from rlkube_runtime.serving.launch import EngineLaunchSpec, engine_launch_spec, cli_flags, engine_command
 from rlkube_runtime.serving.router import RouterProcess
 
@@ -37,6 +38,9 @@ def test_builtin_command_and_its_argument_checks():
                                         engine_args={"chunked-prefill-size": 4096}), 1)
     with pytest.raises(ValueError, match="tp_size=2"):
         engine_command(EngineLaunchSpec(kind="builtin", model_path="/m", log_dir="/l", name="e", tp_size=2), 1)
+    with pytest.raises(ValueError, match="nnodes=2.*several nodes"):
+        engine_command(EngineLaunchSpec(kind="builtin", model_path="/m", log_dir="/l", name="e",
+                                        node=EngineNode(2, 1, "10.0.0.1:29600")), 1)
     with pytest.raises(ValueError, match="sglang_args"):
         engine_launch_spec({"model_path": "/m", "log_dir": "/l", "name": "e", "sglang_args": {"x": 1}})
     with pytest.raises(ValueError, match="kind"):

@@ -121,24 +121,26 @@ def test_base_gpu_id_only_when_given():
     assert sglang_server_args(SGLangServerConfig(**BASE, base_gpu_id=4))[-2:] == ["--base-gpu-id", "4"]
 
 
-def test_an_engine_that_fits_one_pod_is_one_node_without_multi_node_flags():
-    assert engine_nodes(8, 8, head_address="10.0.1.1", dist_port=29600) == [EngineNode()]
+def test_an_engine_of_one_node_has_no_multi_node_flags():
+    assert engine_nodes(1, "") == [EngineNode()]
     flags = flags_of(sglang_server_args(SGLangServerConfig(**BASE)))
     assert not {"--nnodes", "--node-rank", "--dist-init-addr"} & set(flags)
 
 
 def test_an_engine_over_two_pods_runs_one_server_per_node_meeting_at_node_zero():
-    nodes = engine_nodes(16, 8, head_address="10.0.1.1", dist_port=29600)
+    nodes = engine_nodes(2, "10.0.1.1:29600")
     assert nodes == [EngineNode(2, 0, "10.0.1.1:29600"), EngineNode(2, 1, "10.0.1.1:29600")]
     second = sglang_server_args(SGLangServerConfig(**{**BASE, "tp_size": 16}, node=nodes[1]))
     assert second[-6:] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.1.1:29600"]
 
 
-def test_an_engine_that_does_not_fill_whole_pods_is_refused_naming_gpus_per_engine():
-    with pytest.raises(ValueError, match=r"spec\.rollout\.gpusPerEngine\(12\).*multiple of 8"):
-        engine_nodes(12, 8, head_address="10.0.1.1", dist_port=29600)
+def test_a_node_without_its_meeting_address_or_an_uneven_split_is_refused():
     with pytest.raises(ValueError, match="dist_init_addr"):
         sglang_server_args(SGLangServerConfig(**BASE, node=EngineNode(nnodes=2, node_rank=1)))
+    with pytest.raises(ValueError, match=r"gpusPerEngine\(3\) must split evenly over 2 nodes"):
+        sglang_server_args(SGLangServerConfig(**{**BASE, "tp_size": 3}, node=EngineNode(2, 1, "10.0.1.1:29600")))
+    with pytest.raises(ValueError, match="nodesPerEngine"):
+        engine_nodes(0, "")
 
 
 def _spec(model: dict | None = None, **rollout) -> RLJobSpec:

@@ -13,11 +13,12 @@ import sys
 
 import pytest
 from example_launch_lines import (
+    DIST_PORT,
     FIRST_PORT,
     README,
     engine_lines,
     example_jobs,
-    multi_node_lines,
+    pod_ip,
     readme_block,
     router_lines,
     sglang_jobs,
@@ -41,24 +42,23 @@ MUST_FAIL = {
 
 @pytest.fixture(scope="module")
 def sglang_parsed(tmp_path_factory):
-    """SGLang's verdict on every example engine line, the multi-node lines and the MUST_FAIL lines."""
+    """SGLang's verdict on every example engine line (each node's, for an engine over several) and the MUST_FAIL lines."""
     require_pinned_sglang()
-    lines = {f"{line.job}/engine-{line.index}": line for job in sglang_jobs() for line in engine_lines(job)}
+    lines = {f"{line.job}/engine-{line.index}/node-{line.node}": line for job in sglang_jobs() for line in engine_lines(job)}
     keyed = sglang_server_args(SGLangServerConfig(model_path="/m", host="10.0.0.1", port=30000, tp_size=1, seed=0,
                                                   dtype="bfloat16", api_key="job-key", return_routed_experts=True,
                                                   lora_rank=16, lora_target_modules=("q_proj", "down_proj", "lm_head")))
-    argvs = [line.argv for line in lines.values()] + multi_node_lines() + list(MUST_FAIL.values()) + [keyed]
+    argvs = [line.argv for line in lines.values()] + list(MUST_FAIL.values()) + [keyed]
     work = tmp_path_factory.mktemp("sglang-parse")
     (work / "in.json").write_text(json.dumps(argvs))
     run = subprocess.run([sys.executable, str(PARSER), str(work / "in.json"), str(work / "out.json")],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"importing sglang's server_args failed:\n{run.stderr[-3000:]}"
     results = json.loads((work / "out.json").read_text())
-    n, m = len(lines), len(multi_node_lines())
+    n = len(lines)
     return {
         "engines": dict(zip(lines, zip(lines.values(), results[:n]))),
-        "multi_node": results[n:n + m],
-        "must_fail": dict(zip(MUST_FAIL, results[n + m:n + m + len(MUST_FAIL)])),
+        "must_fail": dict(zip(MUST_FAIL, results[n:n + len(MUST_FAIL)])),
         "keyed": results[-1],
     }
 
@@ -74,8 +74,9 @@ def test_every_example_engine_line_is_accepted_by_sglangs_own_parser_with_the_va
         colocated = line.placement == "colocated"
         user_fraction = spec.rollout.sglang_args.get("mem-fraction-static")
         assert values["model_path"] == spec.model.hf_checkpoint, name
+        nodes = spec.rollout.nodes_per_engine
         assert (values["host"], values["port"], values["nccl_port"]) == (
-            f"10.0.0.{line.index + 1}", FIRST_PORT + 2 * line.index, FIRST_PORT + 2 * line.index + 1), name
+            pod_ip(line.index, line.node, nodes), FIRST_PORT + 2 * line.index, FIRST_PORT + 2 * line.index + 1), name
         assert values["tp_size"] == spec.rollout.gpus_per_engine, name
         assert values["random_seed"] == spec.training.seed + line.index, name
         assert values["dtype"] == str(getattr(spec.model.dtype, "value", spec.model.dtype)), name
@@ -83,15 +84,21 @@ def test_every_example_engine_line_is_accepted_by_sglangs_own_parser_with_the_va
         assert values["enable_memory_saver"] is colocated, name
         expected_fraction = user_fraction if user_fraction is not None else (COLOCATED_MEM_FRACTION_STATIC if colocated else None)
         assert values["mem_fraction_static"] == expected_fraction, name
-        assert (values["nnodes"], values["node_rank"], values["base_gpu_id"]) == (1, 0, 0), name
+        assert (values["nnodes"], values["node_rank"], values["base_gpu_id"]) == (nodes, line.node, 0), name
+        # The nodes of an engine meet at node 0's pod (None: one node, SGLang picks its own port).
+        meeting = f"{pod_ip(line.index, 0, nodes)}:{DIST_PORT}" if nodes > 1 else None
+        assert values["dist_init_addr"] == meeting, name
 
 
 @pytest.mark.slow
-def test_a_multi_pod_engine_line_per_node_is_accepted_by_sglangs_own_parser(sglang_parsed):
-    results = sglang_parsed["multi_node"]
-    assert [r["error"] for r in results] == [None, None]
+def test_an_engine_over_two_pods_has_one_line_per_node_each_taken_by_sglang_as_its_node(sglang_parsed):
+    [job] = [job for job in sglang_jobs() if job.spec.rollout.nodes_per_engine > 1]
+    parsed = [(name, result) for name, (line, result) in sglang_parsed["engines"].items() if line.job == job.metadata.name]
+    assert [name.split("/", 1)[1] for name, _ in parsed] == [
+        "engine-0/node-0", "engine-0/node-1", "engine-1/node-0", "engine-1/node-1"]
     assert [(r["values"]["nnodes"], r["values"]["node_rank"], r["values"]["dist_init_addr"], r["values"]["tp_size"])
-            for r in results] == [(2, 0, "10.0.1.1:29600", 16), (2, 1, "10.0.1.1:29600", 16)]
+            for _, r in parsed] == [(2, 0, "10.0.0.1:29600", 16), (2, 1, "10.0.0.1:29600", 16),
+                                    (2, 0, "10.0.0.3:29600", 16), (2, 1, "10.0.0.3:29600", 16)]
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 import yaml
@@ -10,7 +11,7 @@ from operator_testutil import default_settings, make_body
 from rlkube_operator import render
 from rlkube_operator.settings import OperatorSettings
 from rlkube_runtime.spec.contract import IMAGE_UID
-from rlkube_runtime.spec.load import SpecError, parse_rljob
+from rlkube_runtime.spec.load import SpecError, load_rljob, parse_rljob
 from rlkube_runtime.spec.resources import RESERVED_LABEL_PREFIXES, RESERVED_LABELS
 
 SECRET_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
@@ -269,10 +270,26 @@ def test_rollout_pods_hold_whole_engines(gpus, per_engine, expected):
 
 
 @pytest.mark.parametrize(
+    ("gpus", "per_engine", "nodes", "expected"),
+    [(32, 16, 2, (4, 8)), (16, 16, 2, (2, 8)), (32, 32, 4, (4, 8)), (16, 8, 2, (4, 4))],
+)
+def test_an_engine_over_several_nodes_has_a_rollout_pod_per_node(gpus, per_engine, nodes, expected):
+    assert render.rollout_pods(gpus, per_engine, nodes) == expected
+
+
+def test_the_multi_node_example_renders_one_rollout_pod_of_8_gpus_per_engine_node():
+    path = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "qwen3-235b-multi-node-engines.yaml"
+    [_, rollout] = render.worker_groups(load_rljob(path).spec, default_settings())
+    assert (rollout.replicas, rollout.gpus_per_pod, rollout.ray_resources) == (4, 8, {"rlkube_rollout": 8})
+
+
+@pytest.mark.parametrize(
     ("spec", "field", "needle"),
     [
         ({"rollout": {"gpusPerEngine": 16}, "resources": {"placement": "separate", "rollout": {"gpus": 32}}},
-         "spec.rollout.gpusPerEngine", "16 GPUs span several pods"),
+         "spec.rollout.gpusPerEngine", "set rollout.nodesPerEngine"),
+        ({"rollout": {"gpusPerEngine": 32, "nodesPerEngine": 2}, "resources": {"placement": "separate", "rollout": {"gpus": 32}}},
+         "spec.rollout.nodesPerEngine", "need 16 GPUs per pod"),
         ({"rollout": {"gpusPerEngine": 4}, "resources": {"placement": "colocated", "trainer": {"gpusPerNode": 2}}},
          "spec.rollout.gpusPerEngine", "gpusPerNode(2)"),
         ({"resources": {"trainer": {"resources": {"limits": {"nvidia.com/gpu": "8"}}}}},

@@ -56,7 +56,7 @@ def _topology(*, placement, device, trainer_bundles, engine_bundles, gpus_per_en
     return Topology(device=device, placement=placement, trainer_world_size=len(trainer_bundles),
                     num_engines=len(engine_bundles), gpus_per_engine=gpus_per_engine, bundles=(),
                     trainer_bundles=tuple(trainer_bundles), engine_bundles=tuple(engine_bundles),
-                    trainer_actor_resources={}, engine_actor_resources={})
+                    engine_node_bundles=tuple((b,) for b in engine_bundles), trainer_actor_resources={}, engine_actor_resources={})
 
 
 def test_colocated_engines_are_pushed_by_the_rank_on_their_gpu_through_ipc_handles(tmp_path):

@@ -25,6 +25,7 @@ from rlkube_runtime.spec.rljob import (
     BATCH_EQUATION_RULE,
     ENGINE_GPUS_RULE,
     FP8_RULES,
+    MULTI_NODE_PLACEMENT_RULE,
     REF_UPDATE_RULE,
     STALENESS_BUFFER_RULE,
 )
@@ -116,8 +117,8 @@ def _rules_at(dotted: str) -> list[dict[str, str]]:
 
 def test_crd_carries_every_cross_field_rule():
     assert _rules_at("spec") == [
-        BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE, REF_UPDATE_RULE,
-        STALENESS_BUFFER_RULE, *FP8_RULES,
+        BATCH_EQUATION_RULE, BATCH_DIVISIBLE_RULE, ASYNC_PLACEMENT_RULE, ENGINE_GPUS_RULE, MULTI_NODE_PLACEMENT_RULE,
+        REF_UPDATE_RULE, STALENESS_BUFFER_RULE, *FP8_RULES,
         *BACKEND_RULES,
     ]
     assert BATCH_EQUATION_RULE["rule"].startswith("!has(self.training.globalBatchSize) || ")
@@ -335,6 +336,10 @@ CROSS_FIELD_CASES = [
     ({"data": {"promptData": "p.json", "chatTemplateKwargs": {"enable_thinking": False}}}, "spec.data.chatTemplateKwargs", True),
     ({"data": {"promptData": "p.json", "chatTemplateKwargs": {}}}, "spec.data.chatTemplateKwargs", True),
     ({"rollout": {"batchSize": 16, "engine": "builtin", "gpusPerEngine": 2}}, "spec.rollout.gpusPerEngine", True),
+    # engines over several nodes: whole GPUs per node, on rollout pods of their own
+    ({"rollout": {"batchSize": 16, "gpusPerEngine": 2, "nodesPerEngine": 4},
+      "resources": {"placement": "separate", "rollout": {"gpus": 8}}}, "spec.rollout.nodesPerEngine", True),
+    ({"rollout": {"batchSize": 16, "gpusPerEngine": 2, "nodesPerEngine": 2}}, "spec.rollout.nodesPerEngine", True),
     ({"training": {"numRollout": 5, "refUpdateInterval": 2}}, "spec.training.refUpdateInterval", True),
     ({"training": {"numRollout": 5, "refUpdateInterval": 2}, "algorithm": {"advantageEstimator": "grpo", "klCoef": 0.0}},
      "spec.training.refUpdateInterval", True),
@@ -402,6 +407,8 @@ ACCEPTED_CASES = [
      "algorithm": {"advantageEstimator": "reinforce_plus_plus", "klCoef": 0.05}},
     {"data": {"promptData": "p.json", "applyChatTemplate": True, "chatTemplateKwargs": {"enable_thinking": False}}},
     {"parallelism": {"recompute": "full", "microBatchSize": 2, "dynamicBatchSize": False}},
+    {"rollout": {"batchSize": 16, "gpusPerEngine": 16, "nodesPerEngine": 2},
+     "resources": {"placement": "separate", "rollout": {"gpus": 32}}},
     {"rollout": {"batchSize": 16, "partialRollout": True, "maskOffPolicyInPartialRollout": True}},
     {"rollout": {"batchSize": 16, "partialRollout": True, "maxStaleness": 0}},
     {"rollout": {"batchSize": 16, "partialRollout": True, "maxStaleness": 2},
