@@ -169,3 +169,18 @@ def test_an_fp8_rollout_plans_quantized_syncs_and_bf16_none(tmp_path):
     assert plan_sync(_plan(tmp_path).spec, topo).quantization is None
     fp8 = plan_sync(_plan(tmp_path, model={"rollout_dtype": "fp8"}).spec, topo)
     assert (fp8.quantization, fp8.dtype) == ("fp8", "float32")  # the rest still in the engine dtype
+
+
+def test_an_engine_over_two_nodes_joins_the_weight_group_with_every_rank_of_both_nodes():
+    """The sync's group for an engine has 1 + gpusPerEngine ranks: SGLang's tensor-parallel ranks
+    on node 1 join it just as node 0's do (each SGLang rank receives the broadcast)."""
+    from rlkube_runtime.topology import plan_topology
+
+    spec = load_rljob(LOCAL_TINY.with_name("qwen3-235b-multi-node-engines.yaml")).spec
+    res = spec.resources
+    topology = plan_topology(placement="separate", trainer_nodes=res.trainer.nodes, trainer_gpus_per_node=8,
+                             rollout_gpus=res.rollout.gpus, gpus_per_engine=spec.rollout.gpus_per_engine,
+                             visible_gpus=64, cpus=256, nodes_per_engine=spec.rollout.nodes_per_engine)
+    plan = plan_sync(spec, topology)
+    assert (plan.transport, plan.engine_ranks, plan.pusher_of_engine) == ("distributed", 16, (0, 0))
+    assert topology.engine_node_bundles == ((32, 33), (34, 35))
