@@ -28,8 +28,7 @@ sys.path.insert(0, str(_HERE))
 sys.path.insert(1, str(_HERE.parent / "runtime"))
 
 from _harness import command_line, write_results  # noqa: E402
-from fp8_rollout_gap import _machine, _response_logprobs, _sample, sampled_batch_parser  # noqa: E402
-from qwen3_shape import QWEN3_06B, TINY, qwen3_config  # noqa: E402
+from fp8_rollout_gap import _machine, _response_logprobs, _sample, sampled_batch_parser, seeded_bf16_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,16 +41,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(args) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from rlkube_runtime.fp8_checkpoint import read_dequantized, write_fp8_checkpoint
 
-    shape = TINY if args.tiny_shape else QWEN3_06B
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    with device:
-        model = Qwen3ForCausalLM(qwen3_config(shape))
-    model = model.to(torch.bfloat16).eval()
+    model, shape, device = seeded_bf16_model(args)
     figures: dict = {"shape": "tiny" if args.tiny_shape else "qwen3-0.6b", "machine": _machine(args.device),
                      "batch": args.batch, "prompt_len": args.prompt_len, "response_len": args.response_len}
     with tempfile.TemporaryDirectory() as tmp:

@@ -72,16 +72,10 @@ def sampled_batch_parser(description: str) -> argparse.ArgumentParser:
 
 def measure(args) -> dict:
     import torch
-    from transformers import Qwen3ForCausalLM
 
     from rlkube_runtime import fp8
 
-    shape = TINY if args.tiny_shape else QWEN3_06B
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    with device:
-        model = Qwen3ForCausalLM(qwen3_config(shape))
-    model = model.to(torch.bfloat16).eval()
+    model, shape, device = seeded_bf16_model(args)
 
     named = _unique_named_tensors(model)
     quantized = [n for n, t in named if fp8.is_quantized_name(n, t.shape)]
@@ -135,6 +129,20 @@ def measure(args) -> dict:
         "quantize_seconds": times,
         "quantize_seconds_median": sorted(times)[len(times) // 2],
     }
+
+
+def seeded_bf16_model(args):
+    """(model, shape, device): the Qwen3-shaped model both fp8 benchmarks score, seeded random
+    weights in bf16 on `args.device`, at the tiny shape with --tiny-shape."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    shape = TINY if args.tiny_shape else QWEN3_06B
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    with device:
+        model = Qwen3ForCausalLM(qwen3_config(shape))
+    return model.to(torch.bfloat16).eval(), shape, device
 
 
 def _unique_named_tensors(model) -> list:
