@@ -45,18 +45,17 @@ class PoolConfig:
 
     model_path: the HF directory every engine starts from. log_dir: engine logs and the
     replacement journal. placement_group / engine_bundles: the Ray placement group and engine
-    j's bundle in it (None: no placement group, one engine); engine_node_bundles: engine j's
-    bundle per node when engines span nodes (node 0's first; empty: one node each).
-    engine_resources: each engine (node) actor's Ray resources. device: "cpu" or "cuda". engine_gpu_ids: per engine, the GPU ids it
-    is handed (a colocated engine over several GPUs); empty: what Ray gives its actor.
+    j's bundle per node in it, node 0's first (one each unless engines span nodes; None: no
+    placement group, one engine). engine_resources: each engine (node) actor's Ray resources.
+    device: "cpu" or "cuda". engine_gpu_ids: per engine, the GPU ids it is handed (a colocated
+    engine over several GPUs); empty: what Ray gives its actor.
     fp8_model_dir: an fp8 rollout's block-fp8 copy of the model, which the engines start from.
     """
 
     model_path: str
     log_dir: str
     placement_group: Any = None
-    engine_bundles: tuple[int | None, ...] = (None,)
-    engine_node_bundles: tuple[tuple[int, ...], ...] = ()
+    engine_bundles: tuple[tuple[int | None, ...], ...] = ((None,),)
     engine_resources: Mapping[str, float] = field(default_factory=dict)
     device: str = "cpu"
     engine_gpu_ids: tuple[tuple[int, ...], ...] = ()
@@ -149,13 +148,9 @@ class EnginePool:
     def _create_engines(self) -> list[EngineGroup]:
         """One EngineGroup per engine (not started yet): an actor per node of the engine."""
         return [
-            EngineGroup(j, len(self._node_bundles(j)), lambda k, j=j: self._create_engine(j, k))
-            for j in range(len(self.config.engine_bundles))
+            EngineGroup(j, len(nodes), lambda k, j=j: self._create_engine(j, k))
+            for j, nodes in enumerate(self.config.engine_bundles)
         ]
-
-    def _node_bundles(self, j: int) -> tuple[int | None, ...]:
-        bundles = self.config.engine_node_bundles
-        return tuple(bundles[j]) if j < len(bundles) else (self.config.engine_bundles[j],)
 
     def _create_engine(self, j: int, node_rank: int = 0) -> Any:
         """Node `node_rank` of engine j: an EngineActor in its bundle, its arguments read from the
@@ -165,7 +160,7 @@ class EnginePool:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         config = self.config
-        bundle = self._node_bundles(j)[node_rank]
+        bundle = config.engine_bundles[j][node_rank]
         options: dict[str, Any] = {
             "num_cpus": config.engine_resources.get("CPU", 0),
             "num_gpus": config.engine_resources.get("GPU", 0),
